@@ -1,0 +1,190 @@
+"""Named presets: partial configs layered over the schema defaults.
+
+A preset is data, never a code path: ``resolve_preset(name)`` returns a plain
+dict that ``trainer.config.validate_config`` accepts, and ``--set`` overrides
+go on top of it. Tiny presets run on a 2-core CPU; ``gpu-*`` presets are the
+seeds' GPU scale (12-layer dense, MoE-16, MoE-32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config import ConfigError, ExperimentConfig, deep_merge, validate_config
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    base: str | None = None
+
+
+# Tiny CPU scale: 2 layers, width 128, 8 experts top-2 (expert width 256 -> 512 active).
+_TINY_MOE = {
+    "model": {
+        "n_layers": 2,
+        "d_model": 128,
+        "n_heads": 4,
+        "n_experts": 8,
+        "top_k": 2,
+        "expert_hidden": 256,
+        "max_seq_len": 64,
+    },
+    "task": {"name": "arithmetic", "operations": ["add"], "min_digits": 1, "max_digits": 2},
+    "rollout": {"precision": "bf16", "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 8},
+    "algorithm": {"name": "grpo", "minibatches": 4},
+    "optim": {"lr": 1e-4, "lr_min": 3e-5, "warmup_steps": 5},
+    "run": {"steps": 50},
+}
+
+# GPU scale from the seeds: 12 layers, width 768; MoE-16 / MoE-32 with top-2.
+_GPU_BASE = {
+    "model": {
+        "n_layers": 12,
+        "d_model": 768,
+        "n_heads": 12,
+        "expert_hidden": 1536,
+        "max_seq_len": 256,
+    },
+    "task": {
+        "name": "arithmetic",
+        "operations": ["add", "sub", "mul"],
+        "min_digits": 2,
+        "max_digits": 4,
+        "scratchpad": True,
+    },
+    "warm_start": {"batch_size": 256, "lr": 1e-3, "max_steps": 20000},
+    "rollout": {
+        "precision": "bf16",
+        "prompts_per_step": 64,
+        "group_size": 16,
+        "max_new_tokens": 96,
+    },
+    "algorithm": {"name": "grpo", "minibatches": 8},
+    "optim": {
+        "lr": 1e-5,
+        "lr_min": 3e-6,
+        "warmup_steps": 20,
+        "entropy_coef_start": 0.01,
+        "entropy_coef_end": 0.001,
+    },
+    "run": {"steps": 500, "device": "auto"},
+}
+
+_PRESETS: list[Preset] = [
+    Preset("moe-grpo", "Tiny MoE (2 layers, 8 experts top-2), GRPO, bf16 rollouts.", _TINY_MOE),
+    Preset(
+        "dense-grpo",
+        "Tiny dense model with the MoE preset's active parameters, GRPO.",
+        {"model": {"n_experts": 0}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe16-grpo",
+        "Tiny MoE with 16 experts top-2, GRPO.",
+        {"model": {"n_experts": 16, "expert_hidden": 128}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-r3",
+        "Tiny MoE GRPO with Rollout Routing Replay (R3).",
+        {"stabilizers": {"routing_replay": "r3"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-r2",
+        "Tiny MoE GRPO replaying the old policy's routing (R2).",
+        {"stabilizers": {"routing_replay": "r2"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-gspo",
+        "Tiny MoE, GSPO (sequence-level ratio, clip 3e-4/4e-4).",
+        {"algorithm": {"name": "gspo"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-gspo-r3",
+        "Tiny MoE, GSPO with R3.",
+        {"algorithm": {"name": "gspo"}, "stabilizers": {"routing_replay": "r3"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-ppo",
+        "Tiny MoE, PPO with a value head and GAE.",
+        {"algorithm": {"name": "ppo"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-tis",
+        "Tiny MoE GRPO with truncated importance sampling (C=2).",
+        {"stabilizers": {"is_correction": "tis"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-lb-surgery",
+        "Tiny MoE GRPO with aux + z loss and PCGrad surgery against the policy gradient.",
+        {"stabilizers": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3, "gradient_surgery": True}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-scratchpad",
+        "Tiny MoE GRPO on 2-3 digit addition with a scratchpad (20+ token responses).",
+        {
+            "model": {"max_seq_len": 96},
+            "task": {"min_digits": 2, "max_digits": 3, "scratchpad": True},
+            "rollout": {"max_new_tokens": 40},
+        },
+        base="moe-grpo",
+    ),
+    Preset(
+        "sort-moe-grpo",
+        "Tiny MoE GRPO on sorting lists of numbers.",
+        {"model": {"max_seq_len": 96}, "task": {"name": "sort"}, "rollout": {"max_new_tokens": 32}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "gpu-dense-grpo",
+        "GPU scale: 12-layer dense transformer, GRPO.",
+        deep_merge(_GPU_BASE, {"model": {"n_experts": 0, "dense_hidden": 3072}}),
+    ),
+    Preset(
+        "gpu-moe16-grpo",
+        "GPU scale: 12-layer MoE-16 top-2, GRPO.",
+        deep_merge(_GPU_BASE, {"model": {"n_experts": 16, "top_k": 2}}),
+    ),
+    Preset(
+        "gpu-moe32-grpo",
+        "GPU scale: 12-layer MoE-32 top-2, GRPO.",
+        deep_merge(_GPU_BASE, {"model": {"n_experts": 32, "top_k": 2, "expert_hidden": 768}}),
+    ),
+    Preset(
+        "gpu-moe16-grpo-r3",
+        "GPU scale: MoE-16 GRPO with R3.",
+        {"stabilizers": {"routing_replay": "r3"}},
+        base="gpu-moe16-grpo",
+    ),
+]
+
+PRESETS: dict[str, Preset] = {p.name: p for p in _PRESETS}
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    """The preset's partial config as a nested dict (bases applied)."""
+    if name not in PRESETS:
+        known = ", ".join(sorted(PRESETS))
+        raise ConfigError([("preset", f"unknown preset '{name}'; choose one of: {known}")])
+    preset = PRESETS[name]
+    base = preset_dict(preset.base) if preset.base else {}
+    return deep_merge(base, preset.overrides)
+
+
+def resolve_preset(name: str) -> ExperimentConfig:
+    return validate_config(preset_dict(name))
+
+
+def list_presets() -> list[tuple[str, str]]:
+    return [(p.name, p.description) for p in _PRESETS]
