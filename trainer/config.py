@@ -117,7 +117,13 @@ class TaskConfig(Section):
         le=0.5,
         description="Reward for a well-formed but wrong answer; 0 = strictly verifiable.",
     )
-    eval_size: int = Field(256, ge=8, le=100000, description="Held-out evaluation problems.")
+    eval_size: int = Field(
+        256,
+        ge=8,
+        le=100000,
+        description="Held-out evaluation problems; capped at the held-out 10% of a small "
+        "problem space (e.g. 10 for 1-digit addition).",
+    )
     eval_seed: int = Field(
         12345, ge=0, description="Seed of the held-out set (kept apart from run.seed)."
     )
