@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from trainer.config import ExperimentConfig, TaskConfig, validate_config
+from trainer.config import ConfigError, ExperimentConfig, TaskConfig, validate_config
 from trainer.presets import PRESETS, resolve_preset
 from trainer.tasks import (
     HELD_OUT_SHARE,
@@ -278,7 +278,7 @@ def test_every_preset_passes_the_length_check():
 
 
 def test_check_lengths_names_the_fields():
-    cfg = validate_config(
+    cfg = ExperimentConfig.model_validate(
         {
             "model": {"max_seq_len": 24, "vocab_size": 20},
             "task": {"min_digits": 2, "max_digits": 3, "scratchpad": True},
@@ -290,3 +290,7 @@ def test_check_lengths_names_the_fields():
     assert "32" in errors["rollout.max_new_tokens"]  # the longest target with EOS
     assert "29" in errors["model.max_seq_len"]  # 9-token prompt + 20 new tokens
     assert check_lengths(ExperimentConfig()) == []
+    # validate_config applies the same check, so the CLI, API and form reject it too.
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg.to_dict())
+    assert "rollout.max_new_tokens" in info.value.as_dict()
