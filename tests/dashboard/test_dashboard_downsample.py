@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import numpy as np
@@ -58,7 +59,7 @@ def test_minmax_keeps_global_envelope_and_each_bucket_extreme():
     # The interior is split into 50 equal-count buckets; each keeps its min and max.
     edges = np.linspace(1, 999, 51).astype(int)
     kept = set(x.tolist())
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         bucket = values[lo:hi]
         assert lo + int(np.argmin(bucket)) in kept
         assert lo + int(np.argmax(bucket)) in kept
