@@ -95,26 +95,28 @@ def _lttb_indices(x: np.ndarray, y: np.ndarray, budget: int) -> np.ndarray:
     n_buckets = max(budget - 2, 1)
     xf = x.astype(np.float64)
     edges = np.linspace(1, n - 1, n_buckets + 1).astype(np.int64)
-    keep = np.empty(n_buckets + 2, dtype=np.int64)
-    keep[0] = 0
+    # Mean point of every bucket, and of the last point as the bucket after the last one.
+    counts = np.diff(edges)
+    next_x = np.r_[np.add.reduceat(xf, edges[:-1]) / counts, xf[n - 1]][1:].tolist()
+    next_y = np.r_[np.add.reduceat(y, edges[:-1]) / counts, y[n - 1]][1:].tolist()
+    # The choice depends on the point kept in the previous bucket, so this loop is
+    # sequential; plain floats beat numpy calls on buckets of a few points.
+    xs, ys, bounds = xf.tolist(), y.tolist(), edges.tolist()
+    keep = [0]
     previous = 0
     for b in range(n_buckets):
-        lo, hi = edges[b], edges[b + 1]
-        if hi <= lo:  # more buckets than points cannot happen (n > budget), but be safe
-            keep[b + 1] = lo
-            continue
-        if b + 1 < n_buckets:
-            nlo, nhi = edges[b + 1], edges[b + 2]
-            next_x, next_y = xf[nlo:nhi].mean(), y[nlo:nhi].mean()
-        else:
-            next_x, next_y = xf[n - 1], y[n - 1]
-        px, py = xf[previous], y[previous]
-        # Twice the triangle area (previous kept point, candidate, next bucket mean).
-        area = np.abs((px - next_x) * (y[lo:hi] - py) - (px - xf[lo:hi]) * (next_y - py))
-        previous = lo + int(np.argmax(area))
-        keep[b + 1] = previous
-    keep[-1] = n - 1
-    return keep
+        px, py = xs[previous], ys[previous]
+        dx, dy = px - next_x[b], next_y[b] - py
+        best, best_area = bounds[b], -1.0
+        for i in range(bounds[b], bounds[b + 1]):
+            # Twice the triangle area (previous kept point, candidate, next bucket mean).
+            area = abs(dx * (ys[i] - py) - (px - xs[i]) * dy)
+            if area > best_area:
+                best, best_area = i, area
+        keep.append(best)
+        previous = best
+    keep.append(n - 1)
+    return np.asarray(keep, dtype=np.int64)
 
 
 def _segments(finite: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]:
