@@ -139,7 +139,9 @@
     if (this.running && !this.stopped && !root.document.hidden) {
       var self = this;
       this.timer = root.setTimeout(function () {
-        self.refresh();
+        self.refresh().catch(function (err) {
+          self.emit("livechart:error", { error: String(err) });
+        });
       }, this.options.intervalMs);
     }
   };
@@ -162,7 +164,9 @@
   function attach(element, url, options) {
     var chart = new LiveChart(element, url, options);
     element.liveChart = chart;
-    chart.refresh();
+    chart.refresh().catch(function (err) {
+      chart.emit("livechart:error", { error: String(err) });
+    });
     return chart;
   }
 
