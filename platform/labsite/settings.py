@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -61,3 +62,9 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
+# plotly.js comes from the installed Python plotly package (dashboard/staticfiles.py), no CDN.
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "dashboard.staticfiles.PlotlyJsFinder",
+]
