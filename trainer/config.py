@@ -117,7 +117,13 @@ class TaskConfig(Section):
         le=0.5,
         description="Reward for a well-formed but wrong answer; 0 = strictly verifiable.",
     )
-    eval_size: int = Field(256, ge=8, le=100000, description="Held-out evaluation problems.")
+    eval_size: int = Field(
+        256,
+        ge=8,
+        le=100000,
+        description="Held-out evaluation problems; capped at the held-out 10% of a small "
+        "problem space (e.g. 10 for 1-digit addition).",
+    )
     eval_seed: int = Field(
         12345, ge=0, description="Seed of the held-out set (kept apart from run.seed)."
     )
@@ -499,13 +505,24 @@ def _errors_from_pydantic(exc: ValidationError) -> list[tuple[str, str]]:
 
 # --------------------------------------------------------------------------- API
 def validate_config(data: dict[str, Any]) -> ExperimentConfig:
-    """Validate a (possibly partial) nested dict; raise ConfigError naming fields."""
+    """Validate a (possibly partial) nested dict; raise ConfigError naming fields.
+
+    Checks types, ranges and cross-field rules, then that the task's prompts
+    and responses fit ``rollout.max_new_tokens`` and ``model.max_seq_len``.
+    """
     if not isinstance(data, dict):
         raise ConfigError([("", "the config must be a JSON object")])
     try:
-        return ExperimentConfig.model_validate(data)
+        cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_errors_from_pydantic(exc)) from None
+    # Lengths depend on the task's formats, so they are checked against the task itself.
+    from trainer.tasks.factory import check_lengths
+
+    errors = check_lengths(cfg)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

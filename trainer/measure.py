@@ -1,0 +1,209 @@
+"""Mismatch and expert metrics (DESIGN.md 3.4); keys from ``trainer.metric_keys``.
+
+Training-inference mismatch is measured by a training forward on the rollout's
+own tokens before the update: token log-probs (k1, k3, extreme tokens) and the
+training router's natural top-k against the rollout engine's (routing
+inconsistency, tokens differing in any layer, SDI). Expert metrics summarise
+how routed assignments spread over experts.
+
+Shapes follow docs/trainer-internals.md: ``(B, T)`` tensors with a bool mask
+(True on the tokens that count), routing indices ``(B, T, k)`` per MoE layer.
+Everything returns plain floats (or lists of floats) ready for metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from trainer import metric_keys as mk
+from trainer.algorithms.losses import masked_max, masked_mean
+
+# A token is "extreme" when pi_train and pi_rollout differ by more than this factor.
+EXTREME_RATIO = 2.0
+
+
+# --------------------------------------------------------------------------- log-prob mismatch
+def mismatch_stats(train_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """KL(rollout || train) estimates on the rollout's tokens.
+
+    r = pi_train / pi_rollout = exp(train_logp - rollout_logp) per token;
+    over the masked tokens of the batch:
+
+    * ``mismatch/kl_k1``: mean of -log r
+    * ``mismatch/kl_k3``: mean of r - 1 - log r (>= 0 per token, lower variance)
+    * ``mismatch/extreme_token_frac``: share of tokens with max(r, 1/r) > 2
+    * ``mismatch/kl_k3_max``: the largest per-sequence k3 mean (sequences with
+      at least one masked token), which shows spikes the batch mean hides.
+    """
+    m = mask.bool()
+    log_r = torch.where(m, train_logp.float() - rollout_logp.float(), 0.0)
+    k3 = torch.expm1(log_r) - log_r
+    extreme = (log_r.abs() > math.log(EXTREME_RATIO)).float()
+    per_seq_k3 = masked_mean(k3, m, dim=-1)
+    values = torch.stack(
+        [
+            masked_mean(-log_r, m),
+            masked_mean(k3, m),
+            masked_mean(extreme, m),
+            masked_max(per_seq_k3, m.any(dim=-1)),
+        ]
+    ).tolist()
+    keys = (
+        mk.MISMATCH_KL_K1,
+        mk.MISMATCH_KL_K3,
+        mk.MISMATCH_EXTREME_TOKEN_FRAC,
+        mk.MISMATCH_KL_K3_MAX,
+    )
+    return dict(zip(keys, values, strict=True))
+
+
+# --------------------------------------------------------------------------- routing mismatch
+def routing_differs(a: Tensor, b: Tensor) -> Tensor:
+    """``(B, T)`` bool: True where the top-k expert SETS of ``a`` and ``b`` differ.
+
+    ``a, b``: ``(B, T, k)`` expert ids of one layer. Order-insensitive: [1, 0]
+    equals [0, 1] (gate order is not a routing decision).
+    """
+    a_sorted = a.long().sort(dim=-1).values
+    b_sorted = b.long().sort(dim=-1).values
+    return (a_sorted != b_sorted).any(dim=-1)
+
+
+def routing_mismatch(a: Sequence[Tensor], b: Sequence[Tensor], mask: Tensor) -> dict[str, float]:
+    """Routing disagreement between two routings of the same tokens.
+
+    ``a, b``: one ``(B, T, k)`` index tensor per MoE layer (e.g. the rollout
+    engine's and the training router's natural top-k); ``mask (B, T)``.
+
+    * ``mismatch/routing_inconsistency``: share of masked (token, MoE layer)
+      pairs whose top-k expert set differs.
+    * ``mismatch/token_any_layer_frac``: share of masked tokens whose set
+      differs in at least one layer.
+    * ``mismatch/sdi``: mean over sequences (with >= 1 masked token) of the
+      share of that sequence's masked tokens that differ in at least one layer.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"routing lists differ in length: {len(a)} vs {len(b)} layers")
+    m = mask.bool()
+    if not a:
+        zero = {
+            mk.MISMATCH_ROUTING_INCONSISTENCY: 0.0,
+            mk.MISMATCH_TOKEN_ANY_LAYER_FRAC: 0.0,
+            mk.MISMATCH_SDI: 0.0,
+        }
+        return zero
+    differs = torch.stack([routing_differs(x, y) for x, y in zip(a, b, strict=True)])  # (L,B,T)
+    per_token_layers = differs.float().mean(dim=0)  # share of layers differing, (B, T)
+    any_layer = differs.any(dim=0).float()
+    per_seq = masked_mean(any_layer, m, dim=-1)
+    has_tokens = m.any(dim=-1).float()
+    values = torch.stack(
+        [
+            masked_mean(per_token_layers, m),
+            masked_mean(any_layer, m),
+            (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0),
+        ]
+    ).tolist()
+    keys = (mk.MISMATCH_ROUTING_INCONSISTENCY, mk.MISMATCH_TOKEN_ANY_LAYER_FRAC, mk.MISMATCH_SDI)
+    return dict(zip(keys, values, strict=True))
+
+
+# --------------------------------------------------------------------------- expert load
+def expert_load(indices: Tensor, mask: Tensor, n_experts: int) -> Tensor:
+    """Share of routed assignments per expert, ``(E,)`` fp32 summing to 1.
+
+    ``indices (B, T, k)``, ``mask (B, T)``: every masked token contributes k
+    assignments (one per slot). All zeros when no token is masked.
+    """
+    k = indices.shape[-1]
+    weights = mask.to(torch.float32)[..., None].expand(*mask.shape, k).reshape(-1)
+    counts = torch.zeros(n_experts, dtype=torch.float32, device=indices.device)
+    counts.scatter_add_(0, indices.long().reshape(-1), weights)
+    return counts / counts.sum().clamp_min(1.0)
+
+
+def max_violation(load: Tensor) -> float:
+    """MaxVio = max_e load_e * E / sum(load) - 1 (0 = perfectly balanced).
+
+    ``load (E,)`` may be counts or shares. 0 for an empty load.
+    """
+    total = load.float().sum()
+    if total <= 0:
+        return 0.0
+    return float(load.float().max() * load.numel() / total - 1.0)
+
+
+def utilization(load: Tensor, threshold: float = 0.5) -> float:
+    """Share of experts that receive a real part of the work.
+
+    An expert counts as utilised when its share of the assignments is at least
+    ``threshold`` times its fair share 1/E (default: half the fair share,
+    1/(2E)). 1.0 = every expert used; 1/E = a single expert takes everything.
+    ``load (E,)`` may be counts or shares; 0 for an empty load.
+    """
+    load = load.float()
+    total = load.sum()
+    if total <= 0:
+        return 0.0
+    n = load.numel()
+    return float(((load / total) >= threshold / n).float().mean())
+
+
+def router_entropy(probs: Tensor, mask: Tensor) -> float:
+    """Mean over masked tokens of the router distribution's entropy, in nats.
+
+    ``probs (B, T, E)`` (softmax of the router logits), ``mask (B, T)``.
+    Maximum log(E) for a uniform router, 0 for a one-hot one.
+    """
+    p = probs.float()
+    entropy = -torch.special.xlogy(p, p).sum(dim=-1)
+    return float(masked_mean(entropy, mask))
+
+
+class RoutingLike(Protocol):
+    """What ``expert_stats`` reads from a layer's routing (``LayerRouting`` fits)."""
+
+    probs: Tensor  # (B, T, E)
+    used_indices: Tensor  # (B, T, k)
+
+
+def expert_stats(
+    routings: Sequence[RoutingLike | Tensor],
+    mask: Tensor,
+    n_experts: int,
+    indices_attr: str = "used_indices",
+    utilization_threshold: float = 0.5,
+) -> dict[str, float | list[float]]:
+    """Expert metrics for one forward, one entry per MoE layer in ``routings``.
+
+    Each entry is a ``LayerRouting``-like object (``.probs (B, T, E)`` and the
+    indices named by ``indices_attr``, by default ``used_indices``: the experts
+    the layer actually ran) or a bare ``(B, T, k)`` index tensor (then no router
+    entropy). Returns ``experts/load/L{i}`` (list of E shares per layer) and
+    the means over layers of ``experts/utilization``, ``experts/max_violation``
+    and, when probabilities are given, ``experts/router_entropy``.
+    """
+    out: dict[str, float | list[float]] = {}
+    utils, violations, entropies = [], [], []
+    for i, routing in enumerate(routings):
+        if isinstance(routing, Tensor):
+            indices, probs = routing, None
+        else:
+            indices, probs = getattr(routing, indices_attr), routing.probs
+        load = expert_load(indices, mask, n_experts)
+        out[mk.experts_load(i)] = load.tolist()
+        utils.append(utilization(load, utilization_threshold))
+        violations.append(max_violation(load))
+        if probs is not None:
+            entropies.append(router_entropy(probs, mask))
+    if utils:
+        out[mk.EXPERTS_UTILIZATION] = sum(utils) / len(utils)
+        out[mk.EXPERTS_MAX_VIOLATION] = sum(violations) / len(violations)
+    if entropies:
+        out[mk.EXPERTS_ROUTER_ENTROPY] = sum(entropies) / len(entropies)
+    return out
