@@ -107,6 +107,8 @@ TIME_ZONE = "UTC"
 # --------------------------------------------------------------------------- static files
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
+WHITENOISE_USE_FINDERS = DEBUG  # serve app static files without collectstatic in development
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # collectstatic fills it; whitenoise needs it
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -138,6 +140,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Experiments, runs, metrics and the job queue.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 # --------------------------------------------------------------------------- Celery
