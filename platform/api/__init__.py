@@ -1,0 +1,1 @@
+"""REST API (Django REST Framework), DESIGN.md 3.3."""

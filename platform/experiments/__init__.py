@@ -1,0 +1,1 @@
+"""Experiments and sweeps: what a team wants to compare."""

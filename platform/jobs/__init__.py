@@ -1,0 +1,1 @@
+"""The job queue: Celery task, run supervisor, metrics ingestion, reconciler."""

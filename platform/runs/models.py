@@ -1,0 +1,155 @@
+"""Run, its metrics and comments: schema and invariants (writes: runs/services.py).
+
+Metric storage (measured in bench/metric_storage.py, written up in
+docs/platform.md): ONE row per (run, step) holding every scalar and the
+per-layer expert-load vectors of that step as one JSON object.
+
+- idempotent: unique (run, step) and a bulk upsert, so a re-read or resumed
+  metrics.jsonl never duplicates a step;
+- batch-written: one INSERT ... ON CONFLICT per batch of steps;
+- read in one query per run and step range: the selected keys are extracted
+  in SQL (``values__reward/accuracy``), so only what a figure needs leaves the
+  database, on SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from experiments.models import Experiment, Sweep
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
+FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class Run(models.Model):
+    """One training run. Collapse is a result (summary.collapsed), not a status."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    sweep = models.ForeignKey(
+        Sweep, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs"
+    )
+    variant = models.CharField(max_length=200, blank=True, help_text="Label within a comparison.")
+    preset = models.CharField(max_length=100, blank=True)
+    config = models.JSONField(help_text="Fully resolved, validated config.")
+    seed = models.IntegerField()
+
+    status = models.CharField(
+        max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True
+    )
+    queue = models.CharField(max_length=64, help_text="Hardware queue, e.g. cpu or gpu-a100.")
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first (0-9).")
+    task_id = models.CharField(max_length=64, blank=True)
+    worker_host = models.CharField(max_length=255, blank=True)
+    gpu_index = models.CharField(max_length=64, blank=True, help_text="CUDA_VISIBLE_DEVICES.")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    cancel_requested = models.BooleanField(default=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    current_step = models.IntegerField(default=0, help_text="Steps whose metrics are stored.")
+    total_steps = models.IntegerField()
+    summary = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    run_dir = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["queue", "status", "-priority", "created_at"]),
+            models.Index(fields=["status", "heartbeat_at"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=0, priority__lte=9), name="run_priority_0_9"
+            ),
+            models.CheckConstraint(
+                condition=Q(current_step__gte=0, total_steps__gte=1), name="run_steps_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.variant or self.preset or 'custom'})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.current_step / self.total_steps) if self.total_steps else 0.0
+
+    @property
+    def collapsed(self) -> bool | None:
+        return (self.summary or {}).get("collapsed")
+
+    def can_manage(self, user) -> bool:
+        """Only the owner or staff may cancel or delete a run (the team may view)."""
+        return bool(user and user.is_authenticated and (user.is_staff or user.pk == self.owner_id))
+
+
+class MetricStep(models.Model):
+    """All metrics of one step of one run: {"reward/accuracy": 0.4, "experts/load/L0": [...]}."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_steps")
+    step = models.IntegerField()
+    values = models.JSONField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step"], name="metric_step_unique"),
+        ]
+        ordering = ["run", "step"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step}"
+
+
+class Comment(models.Model):
+    """A note on a run or on a whole experiment (comparisons comment on the experiment)."""
+
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, null=True, blank=True, related_name="comments"
+    )
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, null=True, blank=True, related_name="comments"
+    )
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="comments"
+    )
+    body = models.TextField(max_length=10000)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(run__isnull=False) | Q(experiment__isnull=False),
+                name="comment_has_target",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"comment {self.pk} by {self.author_id}"

@@ -1,0 +1,83 @@
+"""Reads shared by the API and the pages: metric series, queue position, ETA."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.db.models.fields.json import KeyTransform
+from django.utils import timezone
+
+from runs.models import MetricStep, Run, RunStatus
+
+
+def metric_series(
+    run_id: int,
+    keys: list[str],
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    max_points: int = 1000,
+) -> dict[str, Any]:
+    """``{"steps": [...], "series": {key: [...]}}`` for steps in [start, end], in ONE query.
+
+    Only the requested keys leave the database (JSON key extraction in SQL).
+    Longer ranges are thinned to ``max_points`` by an even stride that always
+    keeps the last step (a live run's newest point).
+    """
+    rows = MetricStep.objects.filter(run_id=run_id)
+    if start is not None:
+        rows = rows.filter(step__gte=start)
+    if end is not None:
+        rows = rows.filter(step__lte=end)
+    aliases = {f"k{i}": key for i, key in enumerate(keys)}
+    rows = rows.annotate(**{a: KeyTransform(k, "values") for a, k in aliases.items()})
+    data = list(rows.order_by("step").values_list("step", *aliases))
+    if len(data) > max_points:
+        stride = math.ceil(len(data) / max_points)
+        thinned = data[::stride]
+        if thinned[-1] is not data[-1]:
+            if len(thinned) == max_points:
+                thinned[-1] = data[-1]
+            else:
+                thinned.append(data[-1])
+        data = thinned
+    return {
+        "steps": [row[0] for row in data],
+        "series": {key: [row[i + 1] for row in data] for i, key in enumerate(keys)},
+    }
+
+
+def metric_keys(run_id: int) -> list[str]:
+    """Keys present in the run's latest stored step."""
+    row = MetricStep.objects.filter(run_id=run_id).order_by("-step").values("values").first()
+    return sorted(row["values"]) if row else []
+
+
+def queue_position(run: Run) -> int | None:
+    """1-based place among the queued runs of the same queue (priority, then age)."""
+    if run.status != RunStatus.QUEUED:
+        return None
+    ahead = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED).filter(
+        Q(priority__gt=run.priority) | Q(priority=run.priority, created_at__lt=run.created_at)
+    )
+    return ahead.count() + 1
+
+
+def eta_seconds(run: Run) -> float | None:
+    """Remaining time from this attempt's pace so far (None until a step is stored)."""
+    if run.status != RunStatus.RUNNING or not run.started_at or run.current_step <= 0:
+        return None
+    # Pace of this attempt; a resumed attempt's warm-start time and earlier
+    # steps make this a rough figure, which is all a queue page needs.
+    elapsed = (timezone.now() - run.started_at).total_seconds()
+    if elapsed <= 0:
+        return None
+    rate = run.current_step / elapsed
+    return max(0.0, (run.total_steps - run.current_step) / rate)
+
+
+def stale_cutoff(seconds: float):
+    return timezone.now() - timedelta(seconds=seconds)

@@ -1,0 +1,284 @@
+"""Every write to runs, metrics and comments (views, API and CLI call these).
+
+Each function is one transaction. State changes that race with a worker
+(cancel, claim, finish) are conditional UPDATEs on the status column, so two
+actors can never both win.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from experiments.models import Experiment, Sweep
+from jobs.dispatch import new_task_id, send_run_on_commit
+from runs.configs import Overrides, resolve_config, strip_config_path
+from runs.models import Comment, MetricStep, Run, RunStatus
+from trainer.config import ConfigError, ExperimentConfig
+
+MAX_SWEEP_RUNS = 256
+
+
+class NotAllowed(Exception):
+    """The user may view but not change this run (only the owner or staff may)."""
+
+
+class InvalidState(Exception):
+    """The run's status does not allow this change."""
+
+
+def check_queue(queue: str | None) -> str:
+    queue = queue or settings.LAB_DEFAULT_QUEUE
+    if queue not in settings.LAB_QUEUES:
+        known = ", ".join(settings.LAB_QUEUES)
+        raise ConfigError([("queue", f"unknown queue '{queue}'; choose one of: {known}")])
+    return queue
+
+
+def check_priority(priority: int | None) -> int:
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise ConfigError([("priority", "priority must be an integer from 0 to 9")])
+    return priority
+
+
+def run_dir_for(run: Run) -> Path:
+    return Path(settings.RUNS_DIR) / f"run-{run.pk:06d}"
+
+
+@transaction.atomic
+def create_run(
+    *,
+    owner,
+    experiment: Experiment,
+    config: ExperimentConfig,
+    queue: str | None = None,
+    priority: int | None = None,
+    variant: str = "",
+    preset: str = "",
+    sweep: Sweep | None = None,
+) -> Run:
+    """Store a queued run and publish its wake-up after commit."""
+    queue = check_queue(queue)
+    priority = check_priority(priority)
+    data = config.to_dict()
+    run = Run.objects.create(
+        experiment=experiment,
+        sweep=sweep,
+        owner=owner,
+        variant=variant[:200],
+        preset=preset,
+        config=data,
+        seed=data["run"]["seed"],
+        queue=queue,
+        priority=priority,
+        max_attempts=settings.LAB_MAX_ATTEMPTS,
+        total_steps=data["run"]["steps"],
+        task_id=new_task_id(),
+        queued_at=timezone.now(),
+    )
+    run.run_dir = str(run_dir_for(run))
+    run.save(update_fields=["run_dir"])
+    send_run_on_commit(run.pk, run.queue, run.priority, run.task_id)
+    return run
+
+
+def submit_run(
+    *,
+    owner,
+    experiment: Experiment,
+    config: Mapping[str, Any] | None = None,
+    preset: str | None = None,
+    overrides: Overrides = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    variant: str = "",
+) -> Run:
+    """Resolve and validate, then create: a bad config raises before anything is stored."""
+    queue = check_queue(queue)
+    priority = check_priority(priority)
+    cfg = resolve_config(config, preset, overrides, base=experiment.base_config or None)
+    return create_run(
+        owner=owner,
+        experiment=experiment,
+        config=cfg,
+        queue=queue,
+        priority=priority,
+        variant=variant or preset or "",
+        preset=preset or "",
+    )
+
+
+@transaction.atomic
+def clone_run(run: Run, *, owner, overrides: Overrides = None, queue: str | None = None) -> Run:
+    """A new queued run with the source's config plus overrides."""
+    cfg = resolve_config(run.config, None, overrides)
+    return create_run(
+        owner=owner,
+        experiment=run.experiment,
+        config=cfg,
+        queue=queue or run.queue,
+        priority=run.priority,
+        variant=run.variant,
+        preset=run.preset,
+    )
+
+
+def cancel_run(run: Run, *, user) -> Run:
+    """Cooperative cancel. A queued run is cancelled without starting; a running
+    run gets the flag its worker polls (the worker SIGTERMs the trainer, which
+    checkpoints and exits). A finished run is left as it is."""
+    if not run.can_manage(user):
+        raise NotAllowed("only the run's owner or staff can cancel it")
+    now = timezone.now()
+    with transaction.atomic():
+        cancelled = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+            status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now
+        )
+        if not cancelled:
+            Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(cancel_requested=True)
+    run.refresh_from_db()
+    return run
+
+
+@transaction.atomic
+def delete_run(run: Run, *, user) -> None:
+    if not run.can_manage(user):
+        raise NotAllowed("only the run's owner or staff can delete it")
+    locked = Run.objects.select_for_update().get(pk=run.pk)
+    if locked.status == RunStatus.RUNNING:
+        raise InvalidState("cancel the run and wait for it to stop before deleting it")
+    locked.delete()
+
+
+# --------------------------------------------------------------------------- sweeps
+def expand_grid(
+    grid: Mapping[str, Sequence[Any]], seeds: Sequence[int]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(variant label, overrides) for every combination of grid values x seeds."""
+    if not isinstance(grid, Mapping):
+        raise ConfigError([("grid", "the grid must map field paths to lists of values")])
+    errors = []
+    for path, values in grid.items():
+        if not isinstance(values, list | tuple) or not values:
+            errors.append((f"grid.{path}", "give a non-empty list of values"))
+    if not isinstance(seeds, list | tuple) or not seeds:
+        errors.append(("seeds", "give at least one seed"))
+    elif not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        errors.append(("seeds", "seeds must be non-negative integers"))
+    if errors:
+        raise ConfigError(errors)
+    paths = list(grid)
+    combos = list(itertools.product(*(grid[p] for p in paths)))
+    if len(combos) * len(seeds) > MAX_SWEEP_RUNS:
+        raise ConfigError(
+            [("grid", f"{len(combos) * len(seeds)} runs; a sweep holds at most {MAX_SWEEP_RUNS}")]
+        )
+    out = []
+    for combo in combos:
+        label = ", ".join(f"{p.split('.')[-1]}={v}" for p, v in zip(paths, combo, strict=True))
+        for seed in seeds:
+            overrides = dict(zip(paths, combo, strict=True))
+            overrides["run.seed"] = seed
+            out.append((label or "base", overrides))
+    return out
+
+
+def preview_sweep(
+    base_config: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], seeds: Sequence[int]
+) -> list[tuple[str, ExperimentConfig]]:
+    """Validate every run of the sweep; raises ConfigError naming grid.<path> on a bad value."""
+    runs = []
+    for label, overrides in expand_grid(grid, seeds):
+        try:
+            cfg = resolve_config(base_config, None, overrides)
+        except ConfigError as exc:
+            bad = [
+                (f"grid.{strip_config_path(p)}" if strip_config_path(p) in grid else p, m)
+                for p, m in exc.errors
+            ]
+            raise ConfigError(bad) from None
+        runs.append((label, cfg))
+    return runs
+
+
+@transaction.atomic
+def create_sweep(
+    *,
+    owner,
+    experiment: Experiment,
+    base_config: Mapping[str, Any],
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int],
+    queue: str | None = None,
+    name: str = "",
+) -> Sweep:
+    """Validate every combination first; store the sweep and its runs only if all pass."""
+    queue = check_queue(queue)
+    planned = preview_sweep(base_config, grid, seeds)
+    sweep = Sweep.objects.create(
+        experiment=experiment,
+        owner=owner,
+        name=name[:200],
+        base_config=dict(base_config),
+        grid=dict(grid),
+        seeds=list(seeds),
+        queue=queue,
+    )
+    for label, cfg in planned:
+        create_run(
+            owner=owner, experiment=experiment, config=cfg, queue=queue, variant=label, sweep=sweep
+        )
+    return sweep
+
+
+# --------------------------------------------------------------------------- metrics
+def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
+    """Upsert metric lines (``{"step": n, key: value, ...}``) in one statement.
+
+    Idempotent per (run, step): a line read twice, or rewritten by a resumed
+    trainer, replaces the stored row instead of adding one. Returns rows written.
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in records:
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            continue
+        by_step[step] = {k: v for k, v in record.items() if k != "step"}
+    if not by_step:
+        return 0
+    rows = [MetricStep(run_id=run_id, step=s, values=v) for s, v in by_step.items()]
+    with transaction.atomic():
+        MetricStep.objects.bulk_create(
+            rows,
+            update_conflicts=True,
+            unique_fields=["run", "step"],
+            update_fields=["values"],
+            batch_size=1000,
+        )
+    return len(rows)
+
+
+def drop_metrics_after(run_id: int, last_step: int) -> int:
+    """Remove rows past the trainer's final metrics file (steps it rewound and never redid)."""
+    deleted, _ = MetricStep.objects.filter(run_id=run_id, step__gt=last_step).delete()
+    return deleted
+
+
+# --------------------------------------------------------------------------- comments
+def add_comment(*, author, body: str, run: Run | None = None, experiment=None) -> Comment:
+    body = (body or "").strip()
+    if not body:
+        raise ConfigError([("body", "a comment cannot be empty")])
+    if len(body) > 10000:
+        raise ConfigError([("body", "a comment holds at most 10000 characters")])
+    if run is None and experiment is None:
+        raise ConfigError([("run", "comment on a run or an experiment")])
+    return Comment.objects.create(author=author, body=body, run=run, experiment=experiment)

@@ -1,0 +1,253 @@
+"""Services: config resolution, run lifecycle, sweeps, metrics storage."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from jobs import services as jobs
+from runs import queries
+from runs import services as runs
+from runs.configs import resolve_config
+from runs.models import MetricStep, Run, RunStatus
+
+from trainer.config import ConfigError
+
+TINY = {"run.steps": 3, "warm_start.max_steps": 2, "rollout.prompts_per_step": 2}
+
+
+def _run(user, experiment, **kw):
+    return runs.submit_run(
+        owner=user, experiment=experiment, preset="moe-grpo", overrides=TINY, **kw
+    )
+
+
+def test_resolve_config_names_field_paths():
+    with pytest.raises(ConfigError) as exc:
+        resolve_config({"run": {"steps": "ten"}, "model": {"bogus": 1}})
+    paths = dict(exc.value.errors)
+    assert "config.run.steps" in paths
+    assert "config.model.bogus" in paths
+
+
+def test_submit_run_stores_resolved_config(user, experiment):
+    run = _run(user, experiment, queue="cpu", priority=3)
+    assert run.status == RunStatus.QUEUED
+    assert run.config["run"]["steps"] == 3
+    assert run.total_steps == 3
+    assert run.config["model"]["n_experts"] == 8  # preset applied, full config stored
+    assert run.run_dir.endswith(f"run-{run.pk:06d}")
+    assert run.task_id
+
+
+@pytest.mark.parametrize(
+    "kwargs, path",
+    [
+        ({"overrides": {"run.steps": -1}}, "config.run.steps"),
+        ({"overrides": {"algorithm.name": "reinforce"}}, "config.algorithm.name"),
+        ({"overrides": {"nope.x": 1}}, "config.nope"),
+        ({"queue": "tpu"}, "queue"),
+        ({"priority": 12}, "priority"),
+        ({"preset": "no-such"}, "preset"),
+    ],
+)
+def test_bad_input_stores_nothing(user, experiment, kwargs, path):
+    kwargs = {"preset": "moe-grpo", **kwargs}
+    with pytest.raises(ConfigError) as exc:
+        runs.submit_run(owner=user, experiment=experiment, **kwargs)
+    assert any(p == path or p.startswith(path + ".") for p, _ in exc.value.errors), exc.value.errors
+    assert Run.objects.count() == 0
+
+
+def test_cancel_queued_run_never_starts(user, experiment):
+    run = _run(user, experiment)
+    run = runs.cancel_run(run, user=user)
+    assert run.status == RunStatus.CANCELLED and run.finished_at
+    assert jobs.claim_run(run.pk, worker_host="w1") is None
+
+
+def test_cancel_running_run_sets_the_flag_the_worker_polls(user, experiment):
+    run = _run(user, experiment)
+    claim = jobs.claim_run(run.pk, worker_host="w1")
+    assert not jobs.cancel_requested(claim)
+    run = runs.cancel_run(run, user=user)
+    assert run.status == RunStatus.RUNNING
+    assert jobs.cancel_requested(claim)
+
+
+def test_only_owner_or_staff_cancel_or_delete(user, other_user, staff_user, experiment):
+    run = _run(user, experiment)
+    with pytest.raises(runs.NotAllowed):
+        runs.cancel_run(run, user=other_user)
+    with pytest.raises(runs.NotAllowed):
+        runs.delete_run(run, user=other_user)
+    assert runs.cancel_run(run, user=staff_user).status == RunStatus.CANCELLED
+    runs.delete_run(run, user=user)
+    assert not Run.objects.filter(pk=run.pk).exists()
+
+
+def test_running_run_cannot_be_deleted(user, experiment):
+    run = _run(user, experiment)
+    jobs.claim_run(run.pk, worker_host="w1")
+    with pytest.raises(runs.InvalidState):
+        runs.delete_run(run, user=user)
+
+
+def test_claim_is_atomic_and_a_second_delivery_exits(user, experiment):
+    run = _run(user, experiment)
+    first = jobs.claim_run(run.pk, worker_host="w1", gpu_index="0")
+    second = jobs.claim_run(run.pk, worker_host="w2")
+    assert first == jobs.Claim(run.pk, 1)
+    assert second is None
+    run.refresh_from_db()
+    assert (run.status, run.worker_host, run.gpu_index, run.attempts) == ("running", "w1", "0", 1)
+
+
+def test_finish_and_heartbeat_are_fenced_by_attempt(user, experiment):
+    run = _run(user, experiment)
+    claim = jobs.claim_run(run.pk, worker_host="w1")
+    assert jobs.heartbeat(claim, current_step=2)
+    stale = jobs.Claim(run.pk, claim.attempt - 1)
+    assert not jobs.heartbeat(stale)
+    assert not jobs.finish_run(stale, status="failed", summary=None)
+    assert jobs.finish_run(claim, status="succeeded", summary={"status": "succeeded"})
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.current_step == 2
+    assert not jobs.heartbeat(claim)  # finished: the worker must stop
+
+
+def _age_heartbeat(run_id: int, seconds: float) -> None:
+    Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+
+
+def test_reconciler_requeues_stale_runs_then_fails_after_max_attempts(
+    user, experiment, django_capture_on_commit_callbacks
+):
+    run = _run(user, experiment)
+    Run.objects.filter(pk=run.pk).update(max_attempts=2)
+    claim = jobs.claim_run(run.pk, worker_host="w1")
+    assert jobs.reconcile_stale_runs(60) == []  # fresh heartbeat: left alone
+    _age_heartbeat(run.pk, 120)
+    with django_capture_on_commit_callbacks() as published:
+        actions = jobs.reconcile_stale_runs(60)
+    assert [(a.run_id, a.action) for a in actions] == [(run.pk, "requeued")]
+    assert len(published) == 1  # a new wake-up goes to the broker after commit
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and run.task_id != ""
+    assert not jobs.heartbeat(claim)  # the old attempt has lost the run
+
+    claim2 = jobs.claim_run(run.pk, worker_host="w2")
+    assert claim2.attempt == 2
+    _age_heartbeat(run.pk, 120)
+    actions = jobs.reconcile_stale_runs(60)
+    assert [(a.run_id, a.action) for a in actions] == [(run.pk, "failed")]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and "worker lost 2 times" in run.error
+
+
+def test_sweep_preview_counts_and_validates_every_combination(user, experiment):
+    base = experiment.base_config
+    grid = {"stabilizers.routing_replay": ["none", "r3"], "algorithm.name": ["grpo", "gspo"]}
+    planned = runs.preview_sweep(base, grid, [0, 1, 2])
+    assert len(planned) == 12
+    assert {cfg.run.seed for _, cfg in planned} == {0, 1, 2}
+    with pytest.raises(ConfigError) as exc:
+        runs.preview_sweep(base, {"algorithm.name": ["grpo", "sgd"]}, [0])
+    assert exc.value.errors[0][0] == "grid.algorithm.name"
+
+
+def test_create_sweep_is_all_or_nothing(user, experiment):
+    base = experiment.base_config
+    with pytest.raises(ConfigError):
+        runs.create_sweep(
+            owner=user, experiment=experiment, base_config=base,
+            grid={"run.steps": [3, 0]}, seeds=[0],
+        )  # fmt: skip
+    assert Run.objects.count() == 0
+    sweep = runs.create_sweep(
+        owner=user, experiment=experiment, base_config=base,
+        grid={"stabilizers.routing_replay": ["none", "r3"]}, seeds=[0, 1], queue="cpu",
+    )  # fmt: skip
+    assert sweep.runs.count() == 4
+    assert sorted(sweep.runs.values_list("variant", flat=True)) == [
+        "routing_replay=none", "routing_replay=none", "routing_replay=r3", "routing_replay=r3",
+    ]  # fmt: skip
+
+
+def _lines(steps, layers=2):
+    return [
+        {
+            "step": s,
+            "reward/accuracy": s / 10,
+            "policy/loss": -s,
+            **{f"experts/load/L{i}": [0.5, 0.25, 0.25] for i in range(layers)},
+        }
+        for s in steps
+    ]
+
+
+def test_metrics_ingestion_is_idempotent_per_step(user, experiment):
+    run = _run(user, experiment)
+    assert runs.ingest_metrics(run.pk, _lines(range(5))) == 5
+    assert runs.ingest_metrics(run.pk, _lines(range(3, 8))) == 5  # overlap re-read
+    assert runs.ingest_metrics(run.pk, [{"no": "step"}, {"step": "x"}]) == 0
+    steps = list(MetricStep.objects.filter(run=run).values_list("step", flat=True))
+    assert steps == list(range(8))
+
+
+def test_metric_series_reads_keys_and_range_in_one_query(
+    user, experiment, django_assert_num_queries
+):
+    run = _run(user, experiment)
+    runs.ingest_metrics(run.pk, _lines(range(100)))
+    with django_assert_num_queries(1):
+        data = queries.metric_series(
+            run.pk, ["reward/accuracy", "experts/load/L1", "missing/key"], start=10, end=19
+        )
+    assert data["steps"] == list(range(10, 20))
+    assert data["series"]["reward/accuracy"] == pytest.approx([s / 10 for s in range(10, 20)])
+    assert data["series"]["experts/load/L1"][0] == [0.5, 0.25, 0.25]
+    assert data["series"]["missing/key"] == [None] * 10
+
+
+def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experiment):
+    run = _run(user, experiment)
+    runs.ingest_metrics(run.pk, _lines(range(1000), layers=0))
+    data = queries.metric_series(run.pk, ["policy/loss"], max_points=64)
+    assert len(data["steps"]) <= 64
+    assert data["steps"][0] == 0 and data["steps"][-1] == 999
+    assert data["steps"] == sorted(set(data["steps"]))
+
+
+def test_drop_metrics_after_removes_rewound_steps(user, experiment):
+    run = _run(user, experiment)
+    runs.ingest_metrics(run.pk, _lines(range(10)))
+    assert runs.drop_metrics_after(run.pk, 6) == 3
+    assert MetricStep.objects.filter(run=run).count() == 7
+
+
+def test_queue_position_orders_by_priority_then_age(user, experiment):
+    a = _run(user, experiment)
+    b = _run(user, experiment)
+    c = _run(user, experiment, priority=5)
+    assert [queries.queue_position(r) for r in (c, a, b)] == [1, 2, 3]
+    runs.cancel_run(a, user=user)
+    b.refresh_from_db()
+    assert queries.queue_position(b) == 2
+
+
+def test_clone_run_applies_changes(user, other_user, experiment):
+    run = _run(user, experiment)
+    clone = runs.clone_run(run, owner=other_user, overrides={"stabilizers.routing_replay": "r3"})
+    assert clone.owner == other_user
+    assert clone.config["stabilizers"]["routing_replay"] == "r3"
+    assert clone.config["run"]["steps"] == 3
+
+
+def test_comment_needs_a_body(user, experiment):
+    run = _run(user, experiment)
+    with pytest.raises(ConfigError):
+        runs.add_comment(author=user, body="   ", run=run)
+    comment = runs.add_comment(author=user, body="<b>collapsed at 40</b>", run=run)
+    assert comment.body == "<b>collapsed at 40</b>"
