@@ -136,3 +136,14 @@ def export_body(fig: go.Figure, fmt: str) -> tuple[str, str]:
     if fmt == "json":
         return figure_to_json(fig), EXPORT_FORMATS["json"]
     raise ValueError(f"format must be one of {sorted(EXPORT_FORMATS)}, got {fmt!r}")
+
+
+def records_to_csv(records: list[dict[str, Any]]) -> str:
+    """Rows of a table (e.g. ``StabilityRow.as_dict()``) as CSV; None is an empty cell."""
+    columns = list(records[0]) if records else []
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for record in records:
+        writer.writerow({c: "" if record.get(c) is None else _plain(record[c]) for c in columns})
+    return out.getvalue()

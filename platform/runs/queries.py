@@ -6,7 +6,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
@@ -81,3 +81,49 @@ def eta_seconds(run: Run) -> float | None:
 
 def stale_cutoff(seconds: float):
     return timezone.now() - timedelta(seconds=seconds)
+
+
+def metric_series_many(
+    run_ids: list[int],
+    keys: list[str],
+    *,
+    start: int | None = None,
+    end: int | None = None,
+) -> dict[int, dict[str, Any]]:
+    """``{run_id: {"steps": [...], "series": {key: [...]}}}`` for many runs in ONE query.
+
+    Full resolution in [start, end]: the dashboards downsample on their side
+    with a method that keeps spikes (dashboard/downsample.py). Every run asked
+    for is in the result, with empty lists when it has no stored steps yet;
+    a key missing at a step reads as None.
+    """
+    ids = list(dict.fromkeys(int(r) for r in run_ids))
+    out: dict[int, dict[str, Any]] = {
+        rid: {"steps": [], "series": {key: [] for key in keys}} for rid in ids
+    }
+    if not ids:
+        return out
+    rows = MetricStep.objects.filter(run_id__in=ids)
+    if start is not None:
+        rows = rows.filter(step__gte=start)
+    if end is not None:
+        rows = rows.filter(step__lte=end)
+    aliases = {f"k{i}": key for i, key in enumerate(keys)}
+    rows = rows.annotate(**{a: KeyTransform(k, "values") for a, k in aliases.items()})
+    for row in rows.order_by("run_id", "step").values_list("run_id", "step", *aliases):
+        entry = out[row[0]]
+        entry["steps"].append(row[1])
+        for i, key in enumerate(keys):
+            entry["series"][key].append(row[i + 2])
+    return out
+
+
+def last_metric_steps(run_ids: list[int]) -> dict[int, int]:
+    """The last stored step of each run that has any (one query)."""
+    rows = (
+        MetricStep.objects.filter(run_id__in=list(run_ids))
+        .values("run_id")
+        .annotate(last=Max("step"))
+        .values_list("run_id", "last")
+    )
+    return dict(rows)

@@ -1,0 +1,258 @@
+"""JSON chart endpoints read by static/dashboard/live.js, and their downloads.
+
+Every endpoint answers ``?max_points=&start=&end=`` with the live payload
+(``{"figure", "running"}``, series downsampled keeping extremes, a zoomed
+window at full resolution when it fits) and ``?format=csv|json`` with the
+chart's data as a file (full resolution unless max_points is given). Metric
+reads are one query per run set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import wraps
+
+import plotly.graph_objects as go
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404
+from experiments.models import Experiment, Sweep
+from runs.models import Run
+
+from dashboard import queries as q
+from dashboard.charts import Window, layer_heatmap, run_lines, variant_bands
+from dashboard.export import EXPORT_FORMATS, export_body, figure_payload, records_to_csv
+from dashboard.figures import collapse_strip, survival_curves
+from dashboard.stability import stability_table_rows
+from dashboard.style import assign_colors
+from dashboard.views import params
+from dashboard.views.params import BadParameter
+from trainer import metric_keys as mk
+
+STABILITY_CHARTS = ("collapse", "survival")
+
+
+def login_required_json(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """401 JSON instead of a redirect to the login page (a fetch cannot follow that
+    usefully), and 400 JSON naming the bad parameter."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return JsonResponse({"detail": "log in to see this chart"}, status=401)
+        try:
+            return view(request, *args, **kwargs)
+        except BadParameter as exc:
+            return exc.response()
+
+    return wrapper
+
+
+def chart_response(
+    request: HttpRequest, fig: go.Figure, *, running: bool, filename: str
+) -> HttpResponse:
+    fmt = params.export_format(request)
+    if fmt is None:
+        response = HttpResponse(
+            figure_payload(fig, running=running), content_type="application/json"
+        )
+    else:
+        body, content_type = export_body(fig, fmt)
+        response = HttpResponse(body, content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="{filename}.{fmt}"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _slug(key: str) -> str:
+    return key.replace("/", "_")
+
+
+def _window(request: HttpRequest) -> Window:
+    return params.window(request, export=params.export_format(request) is not None)
+
+
+def _baseline_for(request: HttpRequest, run: Run) -> Run | None:
+    """``?baseline=<id>`` (0: none), else the run's experiment's pinned baseline."""
+    chosen = params.optional_id(request, "baseline")
+    if chosen is None:
+        chosen = q.pinned_baselines([run.experiment_id]).get(run.experiment_id)
+    if not chosen or chosen == run.pk:
+        return None
+    return Run.objects.filter(pk=chosen).first()
+
+
+# --------------------------------------------------------------------------- one run
+@login_required_json
+def run_chart(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One metric of a run, drawn against its baseline when one is pinned or chosen."""
+    run = get_object_or_404(Run, pk=run_id)
+    key = params.metric_key(request)
+    window = _window(request)
+    baseline = _baseline_for(request, run)
+    runs = [run] + ([baseline] if baseline else [])
+    data = q.series_for(runs, [key], start=window.start, end=window.end)
+    labels = {r.pk: q.run_label(r) for r in runs}
+    markers = {labels[r.pk]: m for r in runs if (m := q.collapse_marker(r))}
+    fig = run_lines(
+        {labels[r.pk]: q.series_of(data[r.pk], key) for r in runs},
+        key,
+        window,
+        baseline=labels[baseline.pk] if baseline else None,
+        collapse_markers=markers,
+        colors=assign_colors([labels[run.pk]]),
+    )
+    return chart_response(
+        request, fig, running=run.is_active, filename=f"run-{run.pk}-{_slug(key)}"
+    )
+
+
+@login_required_json
+def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Expert load of one MoE layer of a run (experts x steps); ``?layer=``."""
+    run = get_object_or_404(Run, pk=run_id)
+    layer = params.layer(request)
+    window = _window(request)
+    key = mk.experts_load(layer)
+    data = q.series_for([run], [key], start=window.start, end=window.end)[run.pk]
+    fig = layer_heatmap(
+        data["steps"],
+        data["series"][key],
+        layer,
+        window,
+        title=f"{q.run_label(run)}: expert load, layer {layer}",
+    )
+    return chart_response(
+        request, fig, running=run.is_active, filename=f"run-{run.pk}-expert-load-L{layer}"
+    )
+
+
+@login_required_json
+def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
+    """Status, progress and the log tail, polled by the run page while the run is active."""
+    run = get_object_or_404(Run, pk=run_id)
+    summary = run.summary or {}
+    response = JsonResponse(
+        {
+            "id": run.pk,
+            "status": run.status,
+            "running": run.is_active,
+            "current_step": run.current_step,
+            "total_steps": run.total_steps,
+            "progress": run.progress,
+            "collapsed": summary.get("collapsed"),
+            "collapse_step": summary.get("collapse_step"),
+            "collapse_reason": summary.get("collapse_reason"),
+            "error": run.error,
+            "log_tail": q.log_tail(run),
+        }
+    )
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# --------------------------------------------------------------------------- run sets
+@login_required_json
+def compare_chart(request: HttpRequest) -> HttpResponse:
+    """One metric of every compared run overlaid, the baseline drawn distinctly."""
+    runs = q.runs_in_order(params.run_ids(request))
+    key = params.metric_key(request)
+    window = _window(request)
+    baseline_id = params.optional_id(request, "baseline")
+    labels = {r.pk: q.run_label(r) for r in runs}
+    data = q.series_for(runs, [key], start=window.start, end=window.end)
+    fig = run_lines(
+        {labels[r.pk]: q.series_of(data[r.pk], key) for r in runs},
+        key,
+        window,
+        baseline=labels.get(baseline_id) if baseline_id else None,
+        collapse_markers={labels[r.pk]: m for r in runs if (m := q.collapse_marker(r))},
+        colors=assign_colors(labels.values()),
+    )
+    return chart_response(
+        request, fig, running=any(r.is_active for r in runs), filename=f"compare-{_slug(key)}"
+    )
+
+
+def _band(request: HttpRequest) -> str:
+    band = request.GET.get("band", "minmax")
+    if band not in ("minmax", "std"):
+        raise BadParameter("band", "band must be minmax or std")
+    return band
+
+
+def _variant_chart(request: HttpRequest, runs: Sequence[Run], filename: str) -> HttpResponse:
+    key = params.metric_key(request)
+    band = _band(request)
+    window = _window(request)
+    data = q.series_for(runs, [key], start=window.start, end=window.end)
+    seeds: dict[str, list] = {}
+    for run in runs:
+        seeds.setdefault(q.variant_of(run), []).append(q.series_of(data[run.pk], key))
+    fig = variant_bands(seeds, key, window, band=band, colors=assign_colors(seeds))
+    return chart_response(
+        request,
+        fig,
+        running=any(r.is_active for r in runs),
+        filename=f"{filename}-{_slug(key)}",
+    )
+
+
+@login_required_json
+def experiment_chart(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """Variants of an experiment aggregated over seeds: mean, band, thin seed lines."""
+    experiment = get_object_or_404(Experiment, pk=experiment_id)
+    runs = list(experiment.runs.order_by("pk"))
+    return _variant_chart(request, runs, f"experiment-{experiment.pk}")
+
+
+@login_required_json
+def sweep_chart(request: HttpRequest, sweep_id: int) -> HttpResponse:
+    sweep = get_object_or_404(Sweep, pk=sweep_id)
+    runs = list(sweep.runs.order_by("pk"))
+    return _variant_chart(request, runs, f"sweep-{sweep.pk}")
+
+
+def stability_runs(request: HttpRequest) -> list[Run]:
+    """The runs a stability review is about: ``?runs=``, or all of ``?experiment=`` or ``?sweep=``."""
+    ids = params.run_ids(request)
+    if ids:
+        return q.runs_in_order(ids)
+    experiment = params.optional_id(request, "experiment")
+    if experiment is not None:
+        return list(Run.objects.filter(experiment_id=experiment).order_by("pk"))
+    sweep = params.optional_id(request, "sweep")
+    if sweep is not None:
+        return list(Run.objects.filter(sweep_id=sweep).order_by("pk"))
+    return []
+
+
+@login_required_json
+def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
+    """Collapse step per seed (strip) or Kaplan-Meier survival per variant."""
+    if chart not in STABILITY_CHARTS:
+        raise BadParameter("chart", f"chart must be one of: {', '.join(STABILITY_CHARTS)}")
+    runs = stability_runs(request)
+    outcomes: dict[str, list] = {}
+    for outcome in q.outcomes_for(runs):
+        outcomes.setdefault(outcome.variant, []).append(outcome)
+    colors = assign_colors(outcomes)
+    builder = collapse_strip if chart == "collapse" else survival_curves
+    fig = builder(outcomes, colors=colors)
+    return chart_response(
+        request, fig, running=any(r.is_active for r in runs), filename=f"stability-{chart}"
+    )
+
+
+@login_required_json
+def stability_table(request: HttpRequest) -> HttpResponse:
+    """The stability table as JSON (default) or CSV (``?format=csv``)."""
+    runs = stability_runs(request)
+    rows = stability_table_rows(q.stability_stats(runs).stats)
+    fmt = params.export_format(request) or "json"
+    if fmt == "json":
+        response = JsonResponse({"rows": [row.as_dict() for row in rows]})
+    else:
+        body = records_to_csv([row.as_dict() for row in rows])
+        response = HttpResponse(body, content_type=EXPORT_FORMATS["csv"])
+    response["Content-Disposition"] = f'attachment; filename="stability-table.{fmt}"'
+    return response

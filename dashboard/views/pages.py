@@ -1,0 +1,429 @@
+"""Dashboard pages. Each renders completely on the server (tables, config, comments,
+verdicts); the charts fill themselves from the JSON endpoints (endpoints.py)
+through static/dashboard/live.js. Query counts do not grow with the number of
+runs shown (tests/dashboard/test_dashboard_queries.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from functools import wraps
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.html import escape
+from experiments.models import Experiment, Sweep
+from runs.models import Run, RunStatus
+
+from dashboard import queries as q
+from dashboard.configdiff import config_diff, display_value
+from dashboard.models import BaselinePin, SavedComparison, VerdictLabel
+from dashboard.panels import (
+    EXPERIMENT_KEYS,
+    MOE_ONLY_KEYS,
+    chart_id,
+    is_moe,
+    keys_for_runs,
+    moe_layers,
+    sections_for,
+)
+from dashboard.stability import STABILITY_COLUMNS, stability_table_rows
+from dashboard.style import BASELINE_COLOR, assign_colors, metric_title
+from dashboard.views import params
+from dashboard.views.endpoints import stability_runs
+from dashboard.views.params import BadParameter
+
+RUNS_PER_PAGE = 50
+LIVE_INTERVAL_MS = 5000
+
+
+def page_params(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Login required, and a malformed query parameter answers 400 with its name."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except BadParameter as exc:
+            return HttpResponseBadRequest(f"{escape(exc.field)}: {escape(exc.message)}")
+
+    return wrapper
+
+
+def _url(name: str, args: Sequence = (), **query) -> str:
+    base = reverse(f"dashboard:{name}", args=list(args))
+    query = {k: v for k, v in query.items() if v is not None and v != ""}
+    return f"{base}?{urlencode(query)}" if query else base
+
+
+def _chart(chart_id_: str, url: str, title: str = "") -> dict[str, str]:
+    return {"chart_id": chart_id_, "url": url, "title": title}
+
+
+# --------------------------------------------------------------------------- runs list
+@page_params
+def runs_list(request: HttpRequest) -> HttpResponse:
+    """All runs: filter by status, experiment, tag, owner and queue; sort; select to compare."""
+    experiment_id = params.optional_id(request, "experiment")
+    filters = {
+        "status": request.GET.get("status", "")
+        if request.GET.get("status") in RunStatus.values
+        else "",
+        "experiment": experiment_id,
+        "tag": request.GET.get("tag", "").strip()[:50],
+        "owner": request.GET.get("owner", "").strip()[:150],
+        "queue": request.GET.get("queue", "").strip()[:64],
+        "sort": request.GET.get("sort", "newest")
+        if request.GET.get("sort") in q.SORTS
+        else "newest",
+    }
+    page = Paginator(q.filtered_runs(**filters), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    runs = list(page.object_list)
+    experiments = list(Experiment.objects.order_by("name").values_list("pk", "name", "tags"))
+    tags = sorted({t for _, _, ts in experiments for t in (ts or [])})
+    owners = list(
+        get_user_model()
+        .objects.filter(runs__isnull=False)
+        .distinct()
+        .order_by("username")
+        .values_list("username", flat=True)
+    )
+    verdicts = q.latest_verdicts(r.pk for r in runs)
+    pins = set(q.pinned_baselines({r.experiment_id for r in runs}).values())
+    query_without_page = request.GET.copy()
+    query_without_page.pop("page", None)
+    return render(
+        request,
+        "dashboard/runs_list.html",
+        {
+            "rows": [
+                {"run": r, "verdict": verdicts.get(r.pk), "is_baseline": r.pk in pins} for r in runs
+            ],
+            "page": page,
+            "filters": filters,
+            "statuses": RunStatus.values,
+            "experiments": [(pk, name) for pk, name, _ in experiments],
+            "tags": tags,
+            "owners": owners,
+            "queues": sorted(set(settings.LAB_QUEUES)),
+            "sorts": list(q.SORTS),
+            "page_query": query_without_page.urlencode(),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- run page
+@page_params
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """One run, live while it trains."""
+    run = get_object_or_404(Run.objects.select_related("experiment", "owner", "sweep"), pk=run_id)
+    pinned = q.pinned_baselines([run.experiment_id]).get(run.experiment_id)
+    chosen = params.optional_id(request, "baseline")
+    baseline_id = pinned if chosen is None else chosen
+    baseline = None
+    if baseline_id and baseline_id != run.pk:
+        baseline = Run.objects.filter(pk=baseline_id).first()
+    baseline_param = baseline.pk if baseline else 0
+    sections = [
+        {
+            "title": section.title,
+            "charts": [
+                _chart(
+                    chart_id("chart", key),
+                    _url("run_chart", [run.pk], key=key, baseline=baseline_param),
+                    metric_title(key),
+                )
+                for key in section.keys
+            ],
+        }
+        for section in sections_for(run.config)
+    ]
+    layers = moe_layers(run.config)
+    heatmap = (
+        _chart("chart-expert-load", _url("run_heatmap", [run.pk], layer=layers[0]))
+        if layers
+        else None
+    )
+    return render(
+        request,
+        "dashboard/run_detail.html",
+        {
+            "run": run,
+            "label": q.run_label(run),
+            "baseline": baseline,
+            "baseline_label": q.run_label(baseline) if baseline else "",
+            "baseline_color": BASELINE_COLOR,
+            "is_pinned": pinned == run.pk,
+            "pinned_id": pinned,
+            "sections": sections,
+            "heatmap": heatmap,
+            "layers": layers,
+            "marker": q.collapse_marker(run),
+            "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+            "summary_json": json.dumps(run.summary, indent=2, sort_keys=True)
+            if run.summary
+            else "",
+            "log_tail": q.log_tail(run),
+            "comments": list(run.comments.select_related("author")),
+            "verdicts": list(run.verdicts.select_related("author")[:20]),
+            "verdict_labels": VerdictLabel.choices,
+            "interval_ms": LIVE_INTERVAL_MS,
+            "compare_url": _url("compare", runs=f"{run.pk},{baseline.pk}", baseline=baseline.pk)
+            if baseline
+            else "",
+        },
+    )
+
+
+# --------------------------------------------------------------------------- experiment / sweep
+def _verdict_rows(runs: Sequence[Run]) -> list[dict]:
+    verdicts = q.latest_verdicts(r.pk for r in runs)
+    return [
+        {
+            "run": r,
+            "variant": q.variant_of(r),
+            "verdict": verdicts.get(r.pk),
+            "label": q.run_label(r),
+        }
+        for r in runs
+    ]
+
+
+def _variant_page(
+    request: HttpRequest,
+    *,
+    experiment: Experiment,
+    sweep: Sweep | None,
+    runs: list[Run],
+    chart_name: str,
+    chart_arg: int,
+    scope: dict[str, int],
+) -> HttpResponse:
+    band = request.GET.get("band", "minmax")
+    if band not in ("minmax", "std"):
+        raise BadParameter("band", "band must be minmax or std")
+    moe = any(is_moe(r.config) for r in runs)
+    keys = [k for k in EXPERIMENT_KEYS if moe or k not in MOE_ONLY_KEYS]
+    charts = [
+        _chart(
+            chart_id("chart", key),
+            _url(chart_name, [chart_arg], key=key, band=band),
+            metric_title(key),
+        )
+        for key in keys
+    ]
+    variants: dict[str, list[Run]] = {}
+    for run in runs:
+        variants.setdefault(q.variant_of(run), []).append(run)
+    colors = assign_colors(variants)
+    pin = BaselinePin.objects.filter(experiment=experiment).select_related("run").first()
+    ids = ",".join(str(r.pk) for r in runs)
+    return render(
+        request,
+        "dashboard/variants.html",
+        {
+            "experiment": experiment,
+            "sweep": sweep,
+            "sweeps": list(experiment.sweeps.all()) if sweep is None else [],
+            "rows": _verdict_rows(runs),
+            "variants": [
+                {
+                    "name": v,
+                    "color": colors[v],
+                    "runs": len(rs),
+                    "active": sum(r.is_active for r in rs),
+                }
+                for v, rs in variants.items()
+            ],
+            "charts": charts,
+            "band": band,
+            "pin": pin,
+            "interval_ms": LIVE_INTERVAL_MS,
+            "stability_url": _url("stability", **scope),
+            "compare_url": _url("compare", runs=ids) if runs else "",
+            "grid_json": json.dumps(sweep.grid, indent=2, sort_keys=True) if sweep else "",
+        },
+    )
+
+
+@page_params
+def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    """An experiment's variants aggregated across seeds."""
+    experiment = get_object_or_404(Experiment.objects.select_related("owner"), pk=experiment_id)
+    runs = list(experiment.runs.select_related("owner").order_by("pk"))
+    return _variant_page(
+        request,
+        experiment=experiment,
+        sweep=None,
+        runs=runs,
+        chart_name="experiment_chart",
+        chart_arg=experiment.pk,
+        scope={"experiment": experiment.pk},
+    )
+
+
+@page_params
+def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
+    """A sweep's grid points (variants) aggregated across its seeds."""
+    sweep = get_object_or_404(Sweep.objects.select_related("experiment", "owner"), pk=sweep_id)
+    runs = list(sweep.runs.select_related("owner").order_by("pk"))
+    return _variant_page(
+        request,
+        experiment=sweep.experiment,
+        sweep=sweep,
+        runs=runs,
+        chart_name="sweep_chart",
+        chart_arg=sweep.pk,
+        scope={"sweep": sweep.pk},
+    )
+
+
+# --------------------------------------------------------------------------- compare
+def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | None) -> dict:
+    runs = q.runs_in_order(ids)
+    ids = [r.pk for r in runs]
+    if baseline_id not in ids:
+        baseline_id = None
+    labels = {r.pk: q.run_label(r) for r in runs}
+    colors = assign_colors(labels.values())
+    run_param = ",".join(map(str, ids))
+    keys = keys_for_runs([r.config for r in runs]) if runs else []
+    charts = [
+        _chart(
+            chart_id("chart", key),
+            _url("compare_chart", runs=run_param, key=key, baseline=baseline_id),
+            metric_title(key),
+        )
+        for key in keys
+    ]
+    moe_runs = [r for r in runs if moe_layers(r.config)]
+    all_layers = sorted({layer for r in moe_runs for layer in moe_layers(r.config)})
+    layer = params.layer(request, default=all_layers[0] if all_layers else 0)
+    heatmaps = [
+        _chart(f"heatmap-{r.pk}", _url("run_heatmap", [r.pk], layer=layer), labels[r.pk])
+        for r in moe_runs
+        if layer in moe_layers(r.config)
+    ]
+    diff = config_diff([r.config for r in runs]) if len(runs) > 1 else []
+    verdicts = q.latest_verdicts(ids)
+    return {
+        "runs": [
+            {
+                "run": r,
+                "label": labels[r.pk],
+                "color": BASELINE_COLOR if r.pk == baseline_id else colors[labels[r.pk]],
+                "verdict": verdicts.get(r.pk),
+                "is_baseline": r.pk == baseline_id,
+                "pin_url": _url("compare", runs=run_param, baseline=r.pk, layer=layer),
+                "marker": q.collapse_marker(r),
+            }
+            for r in runs
+        ],
+        "run_param": run_param,
+        "baseline_id": baseline_id,
+        "charts": charts,
+        "heatmaps": heatmaps,
+        "layers": all_layers,
+        "layer": layer,
+        "diff": [
+            {"path": path, "values": [display_value(v) for v in values]} for path, values in diff
+        ],
+        "interval_ms": LIVE_INTERVAL_MS,
+        "stability_url": _url("stability", runs=run_param) if runs else "",
+        "unpin_url": _url("compare", runs=run_param, layer=layer),
+    }
+
+
+@page_params
+def compare(request: HttpRequest) -> HttpResponse:
+    """Any set of runs: one chart per metric, config diff, heatmaps side by side."""
+    context = _compare_context(
+        request, params.run_ids(request), params.optional_id(request, "baseline")
+    )
+    return render(request, "dashboard/compare.html", context | {"comparison": None})
+
+
+@page_params
+def comparison_detail(request: HttpRequest, comparison_id: int) -> HttpResponse:
+    """A saved comparison: its runs and baseline, and the team's comments on it."""
+    comparison = get_object_or_404(
+        SavedComparison.objects.select_related("owner"), pk=comparison_id
+    )
+    context = _compare_context(
+        request, [int(i) for i in comparison.run_ids], comparison.baseline_id
+    )
+    return render(
+        request,
+        "dashboard/compare.html",
+        context
+        | {
+            "comparison": comparison,
+            "can_delete": comparison.can_manage(request.user),
+            "comments": list(comparison.comments.select_related("author")),
+        },
+    )
+
+
+@page_params
+def comparisons_list(request: HttpRequest) -> HttpResponse:
+    comparisons = SavedComparison.objects.select_related("owner", "baseline")[:200]
+    return render(request, "dashboard/comparisons.html", {"comparisons": comparisons})
+
+
+# --------------------------------------------------------------------------- stability review
+@page_params
+def stability(request: HttpRequest) -> HttpResponse:
+    """The seeds' table per variant from the chosen runs, collapse strip, survival curves."""
+    runs = stability_runs(request)
+    scope = {
+        k: request.GET.get(k, "") for k in ("runs", "experiment", "sweep") if request.GET.get(k)
+    }
+    if not runs:
+        return render(
+            request,
+            "dashboard/stability.html",
+            {
+                "runs": [],
+                "experiments": Experiment.objects.order_by("-created_at")[:100],
+                "sweeps": Sweep.objects.select_related("experiment").order_by("-created_at")[:100],
+            },
+        )
+    inputs = q.stability_stats(runs)
+    rows = stability_table_rows(inputs.stats)
+    verdicts = q.latest_verdicts(r.pk for r in runs)
+    outcome_by_label = {s.outcome.label: s for s in inputs.stats}
+    return render(
+        request,
+        "dashboard/stability.html",
+        {
+            "runs": runs,
+            "columns": STABILITY_COLUMNS,
+            "table": [[row.cells()[field] for field, _ in STABILITY_COLUMNS] for row in rows],
+            "per_run": [
+                {
+                    "run": r,
+                    "label": q.run_label(r),
+                    "variant": q.variant_of(r),
+                    "stats": outcome_by_label.get(q.run_label(r)),
+                    "verdict": verdicts.get(r.pk),
+                }
+                for r in runs
+            ],
+            "skipped": inputs.skipped,
+            "charts": [
+                _chart("chart-collapse", _url("stability_chart", ["collapse"], **scope)),
+                _chart("chart-survival", _url("stability_chart", ["survival"], **scope)),
+            ],
+            "table_csv": _url("stability_table", format="csv", **scope),
+            "table_json": _url("stability_table", format="json", **scope),
+            "interval_ms": LIVE_INTERVAL_MS,
+        },
+    )

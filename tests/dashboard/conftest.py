@@ -1,0 +1,95 @@
+"""Fixtures for the dashboard view tests: users, an experiment, runs with stored metrics.
+
+Runs are created through the platform's services (submit_run, ingest_metrics);
+only the fields a worker would set at the end (status, summary, steps) are
+written directly, as the worker's own services would leave them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from experiments.services import create_experiment
+from runs import services as run_services
+from runs.models import Run, RunStatus
+
+
+@pytest.fixture
+def user(db):
+    return get_user_model().objects.create_user("alice", password="pw-alice")
+
+
+@pytest.fixture
+def other_user(db):
+    return get_user_model().objects.create_user("bob", password="pw-bob")
+
+
+@pytest.fixture
+def staff_user(db):
+    return get_user_model().objects.create_user("carol", password="pw-carol", is_staff=True)
+
+
+@pytest.fixture
+def client_for() -> Callable[[Any], Client]:
+    def make(user) -> Client:
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def alice(client_for, user) -> Client:
+    return client_for(user)
+
+
+@pytest.fixture
+def experiment(user):
+    return create_experiment(owner=user, name="replay vs none", preset="moe-grpo", tags=["r3"])
+
+
+@pytest.fixture
+def make_run(user, experiment) -> Callable[..., Run]:
+    """A run of ``experiment`` with these metric records stored and this final state."""
+
+    def make(
+        *,
+        variant: str = "none",
+        seed: int = 0,
+        records: Sequence[dict[str, Any]] = (),
+        status: str = RunStatus.SUCCEEDED,
+        summary: dict[str, Any] | None = None,
+        owner=None,
+        preset: str = "moe-grpo",
+        overrides: dict[str, Any] | None = None,
+        experiment_=None,
+        queue: str | None = None,
+    ) -> Run:
+        run = run_services.submit_run(
+            owner=owner or user,
+            experiment=experiment_ or experiment,
+            preset=preset,
+            overrides={"run.seed": seed, "run.steps": 100, **(overrides or {})},
+            variant=variant,
+            queue=queue,
+        )
+        if records:
+            run_services.ingest_metrics(run.pk, records)
+        last = max((r["step"] for r in records), default=0)
+        Run.objects.filter(pk=run.pk).update(status=status, summary=summary, current_step=last)
+        run.refresh_from_db()
+        return run
+
+    return make
+
+
+def records(steps: int, **series: Callable[[int], Any]) -> list[dict[str, Any]]:
+    """[{"step": s, key: f(s), ...}] for s in 0..steps-1; keys use '__' for '/'."""
+    return [
+        {"step": s, **{k.replace("__", "/"): f(s) for k, f in series.items()}} for s in range(steps)
+    ]
