@@ -46,6 +46,20 @@ class Window:
         if self.start is not None and self.end is not None and self.start > self.end:
             raise ValueError("start must not be after end")
 
+    def fetch_bounds(self) -> tuple[int | None, int | None]:
+        """The step range to read: the window widened by its own width on each side,
+        so the point just outside each edge is there for ``select_window`` (the line
+        then runs to the edges of the zoomed chart)."""
+        if self.start is None and self.end is None:
+            return None, None
+        pad = max(
+            1, (self.end - self.start) if self.start is not None and self.end is not None else 1
+        )
+        return (
+            None if self.start is None else self.start - pad,
+            None if self.end is None else self.end + pad,
+        )
+
 
 def thin(
     steps: Sequence[int], values: Sequence[Any], window: Window

@@ -88,9 +88,10 @@ def run_chart(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=run_id)
     key = params.metric_key(request)
     window = _window(request)
+    fetch = window.fetch_bounds()
     baseline = _baseline_for(request, run)
     runs = [run] + ([baseline] if baseline else [])
-    data = q.series_for(runs, [key], start=window.start, end=window.end)
+    data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])
     labels = {r.pk: q.run_label(r) for r in runs}
     markers = {labels[r.pk]: m for r in runs if (m := q.collapse_marker(r))}
     fig = run_lines(
@@ -112,8 +113,9 @@ def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=run_id)
     layer = params.layer(request)
     window = _window(request)
+    fetch = window.fetch_bounds()
     key = mk.experts_load(layer)
-    data = q.series_for([run], [key], start=window.start, end=window.end)[run.pk]
+    data = q.series_for([run], [key], start=fetch[0], end=fetch[1])[run.pk]
     fig = layer_heatmap(
         data["steps"],
         data["series"][key],
@@ -157,9 +159,10 @@ def compare_chart(request: HttpRequest) -> HttpResponse:
     runs = q.runs_in_order(params.run_ids(request))
     key = params.metric_key(request)
     window = _window(request)
+    fetch = window.fetch_bounds()
     baseline_id = params.optional_id(request, "baseline")
     labels = {r.pk: q.run_label(r) for r in runs}
-    data = q.series_for(runs, [key], start=window.start, end=window.end)
+    data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])
     fig = run_lines(
         {labels[r.pk]: q.series_of(data[r.pk], key) for r in runs},
         key,
@@ -184,7 +187,8 @@ def _variant_chart(request: HttpRequest, runs: Sequence[Run], filename: str) -> 
     key = params.metric_key(request)
     band = _band(request)
     window = _window(request)
-    data = q.series_for(runs, [key], start=window.start, end=window.end)
+    fetch = window.fetch_bounds()
+    data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])
     seeds: dict[str, list] = {}
     for run in runs:
         seeds.setdefault(q.variant_of(run), []).append(q.series_of(data[run.pk], key))

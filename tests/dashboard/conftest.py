@@ -93,3 +93,33 @@ def records(steps: int, **series: Callable[[int], Any]) -> list[dict[str, Any]]:
     return [
         {"step": s, **{k.replace("__", "/"): f(s) for k, f in series.items()}} for s in range(steps)
     ]
+
+
+def plotly_array(value: Any):
+    """A trace array from a live payload: a plain list, or plotly's typed array
+    ``{"dtype", "bdata"[, "shape"]}`` (base64), as a numpy array."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(value, dict) and "bdata" in value:
+        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        if "shape" in value:
+            shape = value["shape"]
+            shape = [int(n) for n in shape.split(",")] if isinstance(shape, str) else shape
+            arr = arr.reshape(shape)
+        return arr
+    return np.asarray([np.nan if v is None else v for v in value], dtype=float)
+
+
+def payload_traces(response) -> list[dict[str, Any]]:
+    """The traces of a chart endpoint's live payload with x, y (and z) decoded."""
+    body = response.json()
+    traces = []
+    for trace in body["figure"]["data"]:
+        decoded = dict(trace)
+        for axis in ("x", "y", "z"):
+            if axis in trace and not (axis == "y" and trace.get("type") == "heatmap"):
+                decoded[axis] = plotly_array(trace[axis])
+        traces.append(decoded)
+    return traces
