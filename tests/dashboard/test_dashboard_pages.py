@@ -109,7 +109,7 @@ def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_pa
     assert "Collapsed at step 12: reward/accuracy fell below 50% of best" in page
     assert "step 19 &lt;ok&gt;" in page  # log tail, escaped
     assert "&quot;n_experts&quot;: 8" in page  # config
-    assert 'data-run-status="/runs/%d/status"' % run.pk in page
+    assert f'data-run-status="/runs/{run.pk}/status"' in page
     assert 'data-running="true"' in page
     for key in [
         "reward/accuracy",
