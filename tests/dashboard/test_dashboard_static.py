@@ -78,7 +78,8 @@ def test_no_code_or_template_references_a_cdn():
 def test_figure_builders_import_no_django():
     code = (
         "import sys, dashboard.figures, dashboard.downsample, dashboard.survival,"
-        " dashboard.export, dashboard.stability, dashboard.aggregate;"
+        " dashboard.export, dashboard.stability, dashboard.aggregate,"
+        " dashboard.charts, dashboard.panels, dashboard.configdiff;"
         "bad = [m for m in sys.modules if m == 'django' or m.startswith('django.')];"
         "assert not bad, bad"
     )

@@ -1,0 +1,136 @@
+"""The stability review page computed from constructed runs, censoring included."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+import pytest
+from runs.models import RunStatus
+
+from tests.dashboard.conftest import payload_traces, records
+
+
+def _run(make_run, variant, seed, *, kl, collapse=None, steps=100, accuracy=0.5):
+    summary = {"collapsed": collapse is not None, "final_accuracy": accuracy, "steps": steps}
+    if collapse is not None:
+        summary |= {"collapse_step": collapse, "collapse_reason": "accuracy fell"}
+    return make_run(
+        variant=variant,
+        seed=seed,
+        records=records(
+            steps,
+            mismatch__kl_k3=lambda s: kl,
+            mismatch__routing_inconsistency=lambda s: 0.1,
+            mismatch__extreme_token_frac=lambda s: 0.05,
+        ),
+        summary=summary,
+    )
+
+
+@pytest.fixture
+def study(make_run):
+    runs = [
+        _run(make_run, "none", 0, kl=2e-3, collapse=40, accuracy=0.5),
+        _run(make_run, "none", 1, kl=2e-3, collapse=60, accuracy=0.4),
+        _run(make_run, "none", 2, kl=2e-3, accuracy=0.6),  # never collapsed: censored at 99
+        _run(make_run, "r3", 0, kl=1e-3, accuracy=0.7),
+        _run(make_run, "r3", 1, kl=3e-3, accuracy=0.7),
+        _run(make_run, "tis", 0, kl=5e-3, collapse=20, accuracy=0.1),
+        _run(make_run, "tis", 1, kl=5e-3, collapse=31, accuracy=0.1),
+        make_run(variant="late", seed=0, status=RunStatus.QUEUED),  # nothing to say yet
+    ]
+    return ",".join(str(r.pk) for r in runs), runs
+
+
+def _table(html: str) -> list[list[str]]:
+    body = html.split('class="stability"')[1].split("</table>")[0].split("<tbody>")[1]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in body.split("</tr>") if "<td>" in row]
+
+
+def test_stability_table_per_variant_with_censoring(alice, study):
+    ids, runs = study
+    response = alice.get("/stability/", {"runs": ids})
+    assert response.status_code == 200
+    html = response.content.decode()
+    rows = {cells[0]: cells for cells in _table(html)}
+    # variant, seeds, KL x1e-3, routing %, extreme %, collapse step, collapsed, final accuracy %
+    assert rows["none"] == [
+        "none",
+        "3",
+        "2.00",
+        "10.00%",
+        "5.00%",
+        "&gt;= 66",
+        "2/3",
+        "50.0 ± 10.0%",
+    ]
+    assert rows["r3"] == ["r3", "2", "2.00 ± 1.41", "10.00%", "5.00%", "&gt;= 99", "0/2", "70.0%"]
+    assert rows["tis"] == ["tis", "2", "5.00", "10.00%", "5.00%", "26", "2/2", "10.0%"]
+    assert "late" not in rows
+    assert f"#{runs[-1].pk}" in html.split("Not in the table")[1]
+    assert "&gt;= 99 (censored)" in html  # per-run table
+    assert "/stability/chart/survival?runs=" in html and "/stability/chart/collapse?runs=" in html
+
+
+def test_stability_table_downloads(alice, study):
+    ids, _ = study
+    data = alice.get("/stability/table", {"runs": ids}).json()["rows"]
+    none = next(r for r in data if r["variant"] == "none")
+    assert none["collapse_step"] == ">= 66"
+    assert none["collapse_step_is_lower_bound"] is True
+    assert none["collapse_step_mean"] == pytest.approx((40 + 60 + 99) / 3)
+    assert none["kl_k3_x1e3"] == pytest.approx(2.0)
+    response = alice.get("/stability/table", {"runs": ids, "format": "csv"})
+    assert response["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [r["variant"] for r in rows] == ["none", "r3", "tis"]
+    assert rows[2]["collapse_step"] == "26"
+
+
+def test_stability_of_a_whole_experiment(alice, study, experiment):
+    ids, _ = study
+    by_experiment = alice.get("/stability/", {"experiment": experiment.pk}).content.decode()
+    by_runs = alice.get("/stability/", {"runs": ids}).content.decode()
+    assert _table(by_experiment) == _table(by_runs)
+
+
+def test_survival_curve_is_kaplan_meier(alice, study):
+    ids, _ = study
+    traces = payload_traces(alice.get("/stability/chart/survival", {"runs": ids}))
+    none = next(t for t in traces if t["meta"] == {"variant": "none", "role": "survival"})
+    assert none["x"].tolist() == [0, 40, 60, 99]
+    assert none["y"] == pytest.approx([1, 2 / 3, 1 / 3, 1 / 3])
+    assert none["name"] == "none (2/3 collapsed)"
+    r3 = next(t for t in traces if t["meta"] == {"variant": "r3", "role": "survival"})
+    assert r3["y"] == pytest.approx([1, 1])
+    censored = next(t for t in traces if t["meta"] == {"variant": "none", "role": "censored"})
+    assert censored["x"].tolist() == [99]
+
+
+def test_collapse_strip_labels_censored_seeds(alice, study):
+    ids, _ = study
+    response = alice.get("/stability/chart/collapse", {"runs": ids})
+    data = response.json()["figure"]["data"]
+    censored = next(
+        t for t in data if t["meta"]["variant"] == "none" and t["meta"]["role"] == "censored"
+    )
+    assert censored["text"] == [">= 99"]
+    mean = next(t for t in data if t["meta"]["variant"] == "tis" and t["meta"]["role"] == "mean")
+    assert mean["text"] == ["26"]
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                alice.get(
+                    "/stability/chart/collapse", {"runs": ids, "format": "csv"}
+                ).content.decode()
+            )
+        )
+    )
+    assert {"trace": "none: censored", "x": "none", "y": "99", "text": ">= 99"} in rows
+
+
+def test_stability_page_without_runs_offers_experiments(alice, experiment):
+    html = alice.get("/stability/").content.decode()
+    assert f"/stability/?experiment={experiment.pk}" in html
