@@ -106,8 +106,8 @@ def test_trainer_rejecting_its_config_fails_the_run_with_the_reason(lab_stack):
     run = _submit(lab_stack)
     lab_stack.manage(
         "shell", "-c",
-        "from runs.models import Run; r = Run.objects.get(pk=%d); "
-        "r.config['run']['steps'] = 'many'; r.save()" % run["id"],
+        f"from runs.models import Run; r = Run.objects.get(pk={run['id']}); "
+        "r.config['run']['steps'] = 'many'; r.save()",
     )  # fmt: skip
     lab_stack.start_worker("w1")
     done = lab_stack.wait_status(run["id"], {"failed", "succeeded"}, timeout=120)
