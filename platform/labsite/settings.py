@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "runs",
     "jobs",
     "api",
+    "web",
 ]
 
 MIDDLEWARE = [

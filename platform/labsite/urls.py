@@ -5,4 +5,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("api.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("web.urls")),
 ]

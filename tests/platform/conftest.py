@@ -93,7 +93,6 @@ def trainer_runs() -> bool:
     return (Path(trainer.__file__).parent / "runner.py").exists()
 
 
-
 needs_trainer = pytest.mark.skipif(
     not trainer_runs(), reason="trainer.runner (python -m trainer run) is not available yet"
 )
