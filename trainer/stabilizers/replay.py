@@ -317,7 +317,7 @@ class RouterAnchor:
         if self._entries and step < self._entries[-1][0]:
             raise ValueError(f"step {step} is older than the last recorded step")
         if self._entries and self._entries[-1][0] == step:
-            self._entries[-1][1] = self._entries[-1][1] + total
+            self._entries[-1][1] = self._entries[-1][1].to(total.device) + total
             self._entries[-1][2] += count
         else:
             self._entries.append([step, total, count])
@@ -328,7 +328,8 @@ class RouterAnchor:
         """The mean of the recorded per-step marginals, ``(L, E)``; None when empty."""
         if not self._entries:
             return None
-        per_step = torch.stack([total / count for _, total, count in self._entries])
+        device = self._entries[-1][1].device  # entries restored from a checkpoint are on CPU
+        per_step = torch.stack([total.to(device) / count for _, total, count in self._entries])
         return per_step.mean(dim=0)
 
     def loss(self, current_probs: Tensor, mask: Tensor | None = None) -> Tensor:
