@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "jobs",
     "api",
     "web",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -108,6 +109,12 @@ TIME_ZONE = "UTC"
 # --------------------------------------------------------------------------- static files
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
+# plotly.js comes from the installed Python plotly package (dashboard/staticfiles.py), no CDN.
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "dashboard.staticfiles.PlotlyJsFinder",
+]
 WHITENOISE_USE_FINDERS = DEBUG  # serve app static files without collectstatic in development
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # collectstatic fills it; whitenoise needs it
 STORAGES = {

@@ -1,0 +1,168 @@
+"""Server time and payload size of a compare page's chart data, with and without downsampling.
+
+The compare page of the issue "Dashboards" (section 5): 20 runs x 2,000 steps
+x 10 metrics, one chart per metric with all runs overlaid. For each chart the
+server downsamples every run's series (dashboard/downsample.py), builds the
+figure (dashboard/figures.py metric_lines) and encodes the live-update JSON
+(dashboard/export.py figure_payload). Targets: under 300 ms for all ten
+charts, under 2 MB of JSON in all.
+
+Also reported: the same series as plain JSON lists (what a REST client of
+/api/runs/{id}/metrics would get), and the other method, LTTB.
+
+    .venv/bin/python -m bench.bench_downsample [--runs 20 --steps 2000 --metrics 10
+        --max-points 500 --repeat 5 --out bench/results/downsample.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dashboard.downsample import downsample
+from dashboard.export import figure_payload
+from dashboard.figures import metric_lines
+from dashboard.style import assign_colors
+from trainer import metric_keys as mk
+
+METRICS = (
+    mk.REWARD_ACCURACY,
+    mk.REWARD_MEAN,
+    mk.MISMATCH_KL_K3,
+    mk.MISMATCH_EXTREME_TOKEN_FRAC,
+    mk.MISMATCH_ROUTING_INCONSISTENCY,
+    mk.EXPERTS_MAX_VIOLATION,
+    mk.EXPERTS_ROUTER_ENTROPY,
+    mk.POLICY_GRAD_NORM,
+    mk.POLICY_CLIP_FRAC,
+    mk.RESPONSE_LENGTH_MEAN,
+)
+
+
+def synthetic_runs(n_runs: int, n_steps: int, n_metrics: int, seed: int = 0) -> dict:
+    """{metric: {run label: (steps, values)}}: noisy random walks with rare one-step spikes."""
+    rng = np.random.default_rng(seed)
+    keys = [
+        METRICS[i % len(METRICS)] + ("" if i < len(METRICS) else f"#{i}") for i in range(n_metrics)
+    ]
+    steps = np.arange(n_steps)
+    data: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for key in keys:
+        per_run = {}
+        for r in range(n_runs):
+            walk = np.cumsum(rng.normal(0, 0.01, n_steps)) + rng.normal(0, 0.02, n_steps)
+            spikes = rng.random(n_steps) < 0.002
+            walk[spikes] += rng.normal(0, 1.0, spikes.sum())
+            per_run[f"run-{r:02d}"] = (steps, walk)
+        data[key] = per_run
+    return data
+
+
+def chart_payloads(data: dict, max_points: int | None, method: str = "minmax") -> list[str]:
+    """The JSON bodies of every chart of the page (max_points None: no downsampling)."""
+    colors = assign_colors(next(iter(data.values())))
+    bodies = []
+    for key, per_run in data.items():
+        if max_points is not None:
+            per_run = {
+                label: downsample(x, y, max_points, method) for label, (x, y) in per_run.items()
+            }
+        fig = metric_lines(per_run, key.split("#")[0], colors=colors, uirevision=key)
+        bodies.append(figure_payload(fig, running=True))
+    return bodies
+
+
+def series_lists(data: dict, max_points: int | None) -> str:
+    """The same series as plain JSON lists, NaN as null."""
+    out = {}
+    for key, per_run in data.items():
+        out[key] = {}
+        for label, (x, y) in per_run.items():
+            if max_points is not None:
+                x, y = downsample(x, y, max_points)
+            out[key][label] = {
+                "steps": x.tolist(),
+                "values": [None if not np.isfinite(v) else v for v in y.tolist()],
+            }
+    return json.dumps(out, separators=(",", ":"))
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=2_000)
+    parser.add_argument("--metrics", type=int, default=10)
+    parser.add_argument("--max-points", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/downsample.json"))
+    args = parser.parse_args(argv)
+
+    data = synthetic_runs(args.runs, args.steps, args.metrics)
+    n_points = args.runs * args.steps * args.metrics
+    results: dict[str, object] = {
+        "runs": args.runs,
+        "steps": args.steps,
+        "metrics": args.metrics,
+        "max_points": args.max_points,
+        "points_in": n_points,
+    }
+    cases = {
+        "figures_minmax": lambda: chart_payloads(data, args.max_points, "minmax"),
+        "figures_lttb": lambda: chart_payloads(data, args.max_points, "lttb"),
+        "figures_full": lambda: chart_payloads(data, None),
+        "lists_minmax": lambda: [series_lists(data, args.max_points)],
+        "lists_full": lambda: [series_lists(data, None)],
+    }
+    for name, fn in cases.items():
+        seconds, bodies = timed(fn, args.repeat)
+        size = sum(len(b.encode("utf-8")) for b in bodies)  # type: ignore[union-attr]
+        results[name] = {"server_ms": round(seconds * 1e3, 1), "payload_mb": round(size / 1e6, 3)}
+
+    only_downsample, _ = timed(
+        lambda: [
+            downsample(x, y, args.max_points)
+            for per_run in data.values()
+            for x, y in per_run.values()
+        ],
+        args.repeat,
+    )
+    results["downsample_only_ms"] = round(only_downsample * 1e3, 1)
+    main_case = results["figures_minmax"]
+    results["targets_met"] = {
+        "server_under_300ms": main_case["server_ms"] < 300,  # type: ignore[index]
+        "payload_under_2mb": main_case["payload_mb"] < 2.0,  # type: ignore[index]
+    }
+
+    print(
+        f"{args.runs} runs x {args.steps} steps x {args.metrics} metrics = {n_points:,} points,"
+        f" max {args.max_points} points per series (median of {args.repeat})"
+    )
+    print(f"{'case':<16} {'server ms':>10} {'payload MB':>11}")
+    for name in cases:
+        row = results[name]
+        print(f"{name:<16} {row['server_ms']:>10.1f} {row['payload_mb']:>11.3f}")  # type: ignore[index]
+    print(
+        f"downsampling alone (minmax, {args.runs * args.metrics} series): {only_downsample * 1e3:.1f} ms"
+    )
+    print(f"targets met: {results['targets_met']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

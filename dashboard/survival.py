@@ -1,0 +1,167 @@
+"""Collapse across seeds with censoring (DESIGN.md 3.5).
+
+A run that never collapsed did not "collapse at its last step": we only know
+it survived at least that long. It is *right-censored* at its last step.
+Averaging censoring steps as if they were collapse steps would make a stable
+variant look like one that collapses at the end of training, so:
+
+* survival curves use the Kaplan-Meier product-limit estimator (Kaplan & Meier
+  1958, "Nonparametric estimation from incomplete observations", JASA 53):
+  S(t) = prod over collapse steps t_i <= t of (1 - d_i / n_i), with d_i runs
+  collapsing at t_i and n_i runs still at risk (not collapsed and not censored
+  before t_i; a run censored at t_i is still at risk at t_i);
+* the mean collapse step of a variant with any censored seed is reported as a
+  lower bound, ">= N", N being the mean over seeds that takes each censored
+  run's last step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+LOWER_BOUND_PREFIX = ">= "
+
+Event = tuple[int, bool]  # (step, collapsed): collapse step, or last step if censored
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one run ended, as the survival analysis sees it.
+
+    ``step`` is the collapse step when ``collapsed``, else the last step the
+    run reached (its censoring step).
+    """
+
+    variant: str
+    step: int
+    collapsed: bool
+    seed: int | None = None
+    label: str = ""
+
+    @property
+    def event(self) -> Event:
+        return (self.step, self.collapsed)
+
+    @classmethod
+    def from_summary(
+        cls,
+        variant: str,
+        summary: Mapping[str, Any],
+        *,
+        last_step: int | None = None,
+        seed: int | None = None,
+        label: str = "",
+    ) -> RunOutcome:
+        """From a run's summary.json fields (``collapsed``, ``collapse_step``, ``steps``).
+
+        A censored run ends at ``last_step`` when given (e.g. the last step in
+        its metrics), else at ``summary["steps"]``.
+        """
+        if summary.get("collapsed"):
+            step = summary.get("collapse_step")
+            if step is None:
+                raise ValueError(f"run {label or variant!r} collapsed without a collapse_step")
+            return cls(variant, int(step), True, seed, label)
+        end = last_step if last_step is not None else summary.get("steps")
+        if end is None:
+            raise ValueError(f"run {label or variant!r} has no last step to censor at")
+        return cls(variant, int(end), False, seed, label)
+
+
+def kaplan_meier(events: Iterable[Event]) -> tuple[list[int], list[float]]:
+    """Kaplan-Meier survival: share of runs not yet collapsed, as a step function.
+
+    events: (step, collapsed) per run. Returns (steps, survival): steps[0] = 0
+    with survival 1, then one point per distinct event or censoring step
+    (a second point at 0 only if a run collapsed at step 0); survival[i] holds
+    from steps[i] until steps[i + 1] (draw with line_shape "hv"). Censoring
+    steps are included (survival unchanged there) so the curve runs to the last
+    step observed. No events -> ([], []).
+    """
+    ordered = sorted((int(step), bool(collapsed)) for step, collapsed in events)
+    if not ordered:
+        return [], []
+    at_risk = len(ordered)
+    survival = 1.0
+    steps, values = [0], [1.0]
+    i = 0
+    while i < len(ordered):
+        step = ordered[i][0]
+        collapsed_here = censored_here = 0
+        while i < len(ordered) and ordered[i][0] == step:
+            if ordered[i][1]:
+                collapsed_here += 1
+            else:
+                censored_here += 1
+            i += 1
+        if collapsed_here:
+            survival *= 1.0 - collapsed_here / at_risk
+        at_risk -= collapsed_here + censored_here
+        if step == 0 and not collapsed_here:
+            continue  # the curve already starts at (0, 1)
+        steps.append(step)
+        values.append(survival)
+    return steps, values
+
+
+def censor_marks(events: Iterable[Event]) -> tuple[list[int], list[float]]:
+    """(step, survival at that step) of each censored run, for '+' tick marks on the curve."""
+    event_list = list(events)
+    steps, survival = kaplan_meier(event_list)
+    marks_x, marks_y = [], []
+    for step, collapsed in sorted(event_list):
+        if collapsed:
+            continue
+        # Survival at a censoring step: the value of the last curve point at or before it.
+        j = max(k for k, s in enumerate(steps) if s <= step)
+        marks_x.append(int(step))
+        marks_y.append(survival[j])
+    return marks_x, marks_y
+
+
+@dataclass(frozen=True)
+class CollapseSummary:
+    """A variant's collapse statistics over its seeds."""
+
+    variant: str
+    runs: int
+    collapsed: int
+    mean_step: float | None  # mean over seeds, censored runs at their last step
+    lower_bound: bool  # True when any run is censored: the true mean is >= mean_step
+
+    @property
+    def label(self) -> str:
+        """'812' when every seed collapsed, '>= 1500' when any seed is censored.
+
+        A lower bound is rounded down so that it stays a lower bound.
+        """
+        if self.mean_step is None:
+            return "-"
+        if self.lower_bound:
+            return f"{LOWER_BOUND_PREFIX}{math.floor(self.mean_step)}"
+        return f"{math.floor(self.mean_step + 0.5)}"  # half up, not to even
+
+    @property
+    def count_label(self) -> str:
+        return f"{self.collapsed}/{self.runs} collapsed"
+
+
+def summarize_outcomes(variant: str, outcomes: Sequence[RunOutcome | Event]) -> CollapseSummary:
+    """Collapse summary of one variant's runs (RunOutcome or (step, collapsed) pairs)."""
+    events = [o.event if isinstance(o, RunOutcome) else (int(o[0]), bool(o[1])) for o in outcomes]
+    if not events:
+        return CollapseSummary(variant, 0, 0, None, False)
+    collapsed = sum(1 for _, c in events if c)
+    mean_step = sum(step for step, _ in events) / len(events)
+    return CollapseSummary(variant, len(events), collapsed, mean_step, collapsed < len(events))
+
+
+def collapse_summary(runs: Iterable[RunOutcome]) -> dict[str, CollapseSummary]:
+    """Per variant (in first-seen order): mean collapse step over seeds with censoring."""
+    by_variant: dict[str, list[RunOutcome]] = {}
+    for run in runs:
+        by_variant.setdefault(run.variant, []).append(run)
+    return {v: summarize_outcomes(v, outcomes) for v, outcomes in by_variant.items()}

@@ -1,0 +1,261 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dashboard.aggregate import aggregate_seeds, on_grid
+from dashboard.figures import (
+    CollapseMarker,
+    collapse_strip,
+    empty_figure,
+    expert_heatmap,
+    expert_heatmap_layers,
+    metric_lines,
+    seed_band,
+    survival_curves,
+)
+from dashboard.style import (
+    BASELINE_COLOR,
+    PALETTE,
+    assign_colors,
+    metric_title,
+    stable_color,
+)
+from dashboard.survival import RunOutcome
+from trainer import metric_keys as mk
+
+STEPS = np.arange(0, 50, 10)  # 0 10 20 30 40
+
+
+def _by_name(fig):
+    return {t.name: t for t in fig.data}
+
+
+# ----------------------------------------------------------------- metric_lines
+
+
+def test_metric_lines_overlays_runs_with_page_colours():
+    colors = {"r1": "#1f5fa8", "r2": "#c0392b"}
+    fig = metric_lines(
+        {"r1": (STEPS, [1, 2, 3, 4, 5]), "r2": (STEPS, [5, 4, 3, 2, 1])},
+        mk.MISMATCH_KL_K3,
+        colors=colors,
+    )
+    traces = _by_name(fig)
+    assert list(traces) == ["r1", "r2"]
+    assert traces["r1"].x.tolist() == STEPS.tolist()
+    assert traces["r2"].y.tolist() == [5, 4, 3, 2, 1]
+    assert traces["r1"].line.color == "#1f5fa8" and traces["r2"].line.color == "#c0392b"
+    assert fig.layout.hovermode == "x unified"
+    assert fig.layout.uirevision == mk.MISMATCH_KL_K3  # constant: live updates keep zoom
+    assert fig.layout.yaxis.title.text == metric_title(mk.MISMATCH_KL_K3)
+    assert fig.layout.xaxis.title.text == "step"
+
+
+def test_metric_lines_draws_the_baseline_first_black_and_dashed():
+    fig = metric_lines(
+        {"r1": (STEPS, [1] * 5), "pinned": (STEPS, [2] * 5)}, mk.REWARD_MEAN, baseline="pinned"
+    )
+    first = fig.data[0]
+    assert first.name == "pinned (baseline)"
+    assert first.line.color == BASELINE_COLOR and first.line.dash == "dash"
+    assert first.line.width > fig.data[1].line.width
+    assert fig.data[1].line.dash is None
+    with pytest.raises(ValueError, match="baseline"):
+        metric_lines({"r1": (STEPS, [1] * 5)}, mk.REWARD_MEAN, baseline="missing")
+
+
+def test_metric_lines_marks_the_collapse_step_with_its_reason():
+    fig = metric_lines(
+        {"r1": (STEPS, [0.9, 0.8, 0.2, 0.1, 0.0]), "r2": (STEPS, [0.5] * 5)},
+        mk.REWARD_ACCURACY,
+        collapse_markers={"r1": CollapseMarker(25, "accuracy below 50% of best for 10 steps")},
+    )
+    (line,) = fig.layout.shapes
+    assert line.x0 == line.x1 == 25 and line.yref == "y domain"  # full height
+    (note,) = fig.layout.annotations
+    assert note.text == "r1: collapse @ 25"
+    assert "accuracy below 50% of best" in note.hovertext
+    marker = _by_name(fig)["r1 collapse"]
+    assert marker.x == (25,) and marker.y == (0.2,)  # on the curve, last value at or before 25
+    assert "accuracy below 50% of best" in marker.hovertemplate
+    assert marker.legendgroup == "r1"  # hiding the run hides its marker
+    assert fig.layout.yaxis.tickformat == ".0%"  # accuracy is a share
+
+
+def test_collapse_marker_accepts_plain_tuples_and_skips_unknown_runs():
+    fig = metric_lines(
+        {"r1": (STEPS, [1.0, None, None, None, None])},
+        mk.POLICY_GRAD_NORM,
+        collapse_markers={"r1": (30, "non-finite gradient"), "gone": (5, "x")},
+    )
+    assert len(fig.layout.shapes) == 1
+    assert _by_name(fig)["r1 collapse"].y == (1.0,)
+
+
+# ------------------------------------------------------------------ seed bands
+
+
+def test_aggregate_seeds_by_hand():
+    seeds = [(STEPS, [1.0, 2.0, 3.0, 4.0, 5.0]), (STEPS, [3.0, 2.0, 1.0, 0.0, 1.0])]
+    agg = aggregate_seeds(seeds, "minmax")
+    assert agg.mean.tolist() == [2.0, 2.0, 2.0, 2.0, 3.0]
+    assert agg.lower.tolist() == [1.0, 2.0, 1.0, 0.0, 1.0]
+    assert agg.upper.tolist() == [3.0, 2.0, 3.0, 4.0, 5.0]
+    std = aggregate_seeds(seeds, "std")
+    # sample std of {1, 3} is sqrt(2); of {5, 1} is sqrt(8)
+    np.testing.assert_allclose(
+        std.upper - std.mean, [math.sqrt(2), 0, math.sqrt(2), math.sqrt(8), math.sqrt(8)]
+    )
+
+
+def test_seeds_on_different_steps_are_interpolated_inside_their_range():
+    grid = np.array([0.0, 5.0, 10.0, 20.0])
+    out = on_grid(([0, 10], [0.0, 1.0]), grid)
+    assert out[:3].tolist() == [0.0, 0.5, 1.0] and math.isnan(out[3])
+    agg = aggregate_seeds([([0, 10], [0.0, 1.0]), ([0, 10, 20], [2.0, 2.0, 2.0])])
+    assert agg.steps.tolist() == [0, 10, 20]
+    assert agg.count.tolist() == [2, 2, 1]  # the first seed stopped at step 10
+    assert agg.mean.tolist() == [1.0, 1.5, 2.0]
+
+
+def test_seed_band_traces():
+    seeds = {"grpo": [(STEPS, [1.0, 2, 3, 4, 5]), (STEPS, [3.0, 2, 1, 0, 1])]}
+    fig = seed_band(seeds, mk.REWARD_MEAN, colors={"grpo": "#1e7d45"})
+    roles = [t.meta["role"] for t in fig.data]
+    assert roles == ["seed", "seed", "band_lower", "band_upper", "mean"]
+    lower, upper, mean = fig.data[2], fig.data[3], fig.data[4]
+    assert upper.fill == "tonexty" and lower.fill is None  # band between lower and upper
+    assert upper.fillcolor == "rgba(30,125,69,0.18)"
+    assert mean.y.tolist() == [2.0, 2.0, 2.0, 2.0, 3.0] and mean.name == "grpo"
+    assert mean.customdata.tolist() == [2, 2, 2, 2, 2]
+    assert all(t.line.color == "#1e7d45" for t in fig.data)
+    assert all(t.showlegend is False for t in fig.data[:4])  # one legend entry per variant
+    assert fig.data[0].line.width < mean.line.width
+    assert "min-max" in fig.layout.title.text and fig.layout.hovermode == "x unified"
+    assert "std" in seed_band(seeds, mk.REWARD_MEAN, band="std").layout.title.text
+
+
+def test_seed_band_downsampling_keeps_a_spike_in_the_band():
+    steps = np.arange(5_000)
+    quiet = np.full(5_000, 0.001)
+    spiky = quiet.copy()
+    spiky[4_321] = 0.2
+    fig = seed_band({"v": [(steps, quiet), (steps, spiky)]}, mk.MISMATCH_KL_K3, max_points=200)
+    traces = {t.meta["role"]: t for t in fig.data if t.meta["role"] != "seed"}
+    assert len(traces["mean"].x) <= 200
+    assert traces["band_upper"].y.max() == 0.2
+    assert all(len(t.x) <= 200 for t in fig.data)
+
+
+# -------------------------------------------------------------------- heatmaps
+
+
+def test_expert_heatmap_is_experts_by_steps():
+    load = np.array([[0.7, 0.25, 0.25], [0.1, 0.25, 0.25], [0.1, 0.25, 0.25], [0.1, 0.25, 0.25]])
+    fig = expert_heatmap([1, 2, 3], load, layer=2)
+    (trace,) = fig.data
+    assert trace.type == "heatmap"
+    assert np.asarray(trace.z).shape == (4, 3)
+    assert trace.x.tolist() == [1, 2, 3] and trace.y.tolist() == [0, 1, 2, 3]
+    assert trace.zmin == 0.0
+    assert "25.0%" in trace.colorbar.title.text  # balanced load for 4 experts
+    assert fig.layout.title.text == "Expert load, layer 2"
+    assert fig.layout.uirevision == mk.experts_load(2)
+    with pytest.raises(ValueError, match="experts"):
+        expert_heatmap([1, 2], load, layer=0)
+
+
+def test_expert_heatmap_layer_picker():
+    load = np.full((2, 3), 0.5)
+    fig = expert_heatmap_layers({0: ([1, 2, 3], load), 1: ([1, 2, 3], load)})
+    assert [t.visible for t in fig.data] == [True, False]
+    buttons = fig.layout.updatemenus[0].buttons
+    assert [b.label for b in buttons] == ["layer 0", "layer 1"]
+    assert buttons[1].args[0] == {"visible": [False, True]}
+    assert buttons[1].args[1] == {"title.text": "Expert load, layer 1"}
+
+
+# --------------------------------------------------------- collapse and survival
+
+
+def test_collapse_strip_draws_censored_seeds_as_lower_bounds():
+    outcomes = {
+        "moe-grpo": [
+            RunOutcome("moe-grpo", 300, True, seed=0),
+            RunOutcome("moe-grpo", 500, True, seed=1),
+        ],
+        "moe-grpo-r3": [
+            RunOutcome("moe-grpo-r3", 800, True, seed=0),
+            RunOutcome("moe-grpo-r3", 2000, False, seed=1),
+        ],
+    }
+    fig = collapse_strip(outcomes)
+    traces = _by_name(fig)
+    assert fig.layout.xaxis.ticktext == ("moe-grpo", "moe-grpo-r3")
+    collapsed = traces["moe-grpo: collapsed"]
+    assert collapsed.y == (300, 500) and collapsed.marker.symbol == "circle"
+    assert collapsed.text is None
+    censored = traces["moe-grpo-r3: censored"]
+    assert censored.y == (2000,)
+    assert censored.marker.symbol == "triangle-up-open"  # open: not an observed collapse
+    assert censored.text == (">= 2000",)
+    assert "censored" in censored.hovertext[0] and "seed 1" in censored.hovertext[0]
+    assert traces["moe-grpo: mean"].text == ("400",)
+    assert traces["moe-grpo-r3: mean"].text == (">= 1400",)
+    assert traces["moe-grpo-r3: mean"].y == (1400.0,)
+    # seeds of one variant sit side by side around its tick
+    assert all(0.5 < x < 1.5 for x in traces["moe-grpo-r3: collapsed"].x + censored.x)
+
+
+def test_survival_curves_values_and_censor_ticks():
+    events = [(100, True), (200, False), (300, True), (300, False), (400, True)]
+    fig = survival_curves({"moe-grpo": events, "dense": [(500, False)]})
+    traces = _by_name(fig)
+    curve = traces["moe-grpo (3/5 collapsed)"]
+    assert curve.line.shape == "hv"
+    assert curve.x == (0, 100, 200, 300, 400)
+    assert curve.y == pytest.approx((1.0, 0.8, 0.8, 8 / 15, 0.0))
+    ticks = traces["moe-grpo censored"]
+    assert ticks.x == (200, 300) and ticks.y == pytest.approx((0.8, 8 / 15))
+    assert traces["dense (0/1 collapsed)"].y == (1.0, 1.0)
+    assert fig.layout.yaxis.tickformat == ".0%"
+
+
+# ----------------------------------------------------------------- style, misc
+
+
+def _relative_luminance(hex_color: str) -> float:
+    def channel(c: int) -> float:
+        s = c / 255
+        return s / 12.92 if s <= 0.03928 else ((s + 0.055) / 1.055) ** 2.4
+
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+@pytest.mark.parametrize("color", [*PALETTE, BASELINE_COLOR])
+def test_every_colour_is_readable_on_white(color):
+    contrast = (1.0 + 0.05) / (_relative_luminance(color) + 0.05)
+    assert contrast >= 3.0, f"{color} has contrast {contrast:.2f} on white (WCAG 1.4.11 wants 3)"
+
+
+def test_colour_assignment_is_distinct_and_keeps_existing():
+    colors = assign_colors(["a", "b", "c"])
+    assert len(set(colors.values())) == 3
+    more = assign_colors(["c", "d"], existing=colors)
+    assert more["c"] == colors["c"] and more["d"] not in colors.values()
+    many = assign_colors([f"run{i}" for i in range(30)])
+    assert len(set(list(many.values())[: len(PALETTE)])) == len(PALETTE)
+    assert stable_color("x") == stable_color("x")
+
+
+def test_figures_serialise_to_json_without_plotly_default_template():
+    fig = metric_lines({"r": (STEPS, [1.0, None, 3.0, 4.0, 5.0])}, mk.MISMATCH_KL_K3)
+    payload = json.loads(fig.to_json())
+    assert payload["layout"]["template"]["layout"]["plot_bgcolor"] == "#ffffff"
+    assert "data" not in payload["layout"]["template"]  # not plotly's big default
+    assert len(fig.to_json()) < 3_000
+    assert empty_figure("no runs selected").layout.annotations[0].text == "no runs selected"
