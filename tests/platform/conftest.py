@@ -129,7 +129,7 @@ class LabStack:
         self.pg_db = None
         env = {
             "LAB_VAR_DIR": str(root / "var"),
-            "LAB_QUEUES": f"{self.queue},control",
+            "LAB_QUEUES": self.queue,
             "LAB_DEFAULT_QUEUE": self.queue,
             "LAB_HEARTBEAT_S": "0.5",
             "LAB_POLL_S": "0.2",

@@ -3,7 +3,6 @@ comparison, serves the login page, and Ctrl-C stops every process."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -24,8 +23,10 @@ def _port() -> int:
 
 def test_lab_up_starts_everything_and_ctrl_c_stops_it(tmp_path):
     port = _port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env = launch.process_env({**env, "LAB_VAR_DIR": str(tmp_path / "var")})
+    # The embedded default, whatever database the rest of the suite uses.
+    env = launch.process_env({"LAB_VAR_DIR": str(tmp_path / "var")})
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
+        env.pop(name, None)
     proc = subprocess.Popen(
         launch.manage_command("lab_up", "--port", str(port), "--steps", "2"),
         cwd=launch.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
