@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/python -m trainer demo
+	$(BIN)/python manage.py lab_up
 
 test: $(STAMP)
 	scripts/ensure-test-deps

@@ -30,7 +30,6 @@ urlpatterns = [
     path("stability/chart/<str:chart>", endpoints.stability_chart, name="stability_chart"),
     path("stability/table", endpoints.stability_table, name="stability_table"),
     # team review
-    path("runs/<int:run_id>/comment", review.comment_run, name="comment_run"),
     path("runs/<int:run_id>/verdict", review.verdict_run, name="verdict_run"),
     path("runs/<int:run_id>/pin", review.pin_run, name="pin_run"),
     path("verdicts/<int:verdict_id>/withdraw", review.withdraw_verdict, name="withdraw_verdict"),

@@ -12,17 +12,20 @@ from functools import wraps
 from urllib.parse import urlencode
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.html import escape
 from experiments.models import Experiment, Sweep
 from runs.models import Run, RunStatus
+from runs.queries import eta_seconds, queue_position
 
 from dashboard import queries as q
+from dashboard import services
 from dashboard.configdiff import config_diff, display_value
 from dashboard.models import BaselinePin, SavedComparison, VerdictLabel
 from dashboard.panels import (
@@ -39,6 +42,7 @@ from dashboard.style import BASELINE_COLOR, assign_colors, metric_title
 from dashboard.views import params
 from dashboard.views.endpoints import stability_runs
 from dashboard.views.params import BadParameter
+from trainer.config import ConfigError
 
 RUNS_PER_PAGE = 50
 LIVE_INTERVAL_MS = 5000
@@ -123,8 +127,22 @@ def runs_list(request: HttpRequest) -> HttpResponse:
 # --------------------------------------------------------------------------- run page
 @page_params
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    """One run, live while it trains."""
+    """One run, live while it trains: the platform's run page (web/run_detail.html:
+    status, cancel, clone, config, summary, comments) with the dashboard in its
+    run_actions and run_dashboard blocks. Its comment form posts here."""
     run = get_object_or_404(Run.objects.select_related("experiment", "owner", "sweep"), pk=run_id)
+    if request.method == "POST":
+        try:
+            services.comment_on_run(author=request.user, run=run, body=request.POST.get("body", ""))
+        except ConfigError as exc:
+            messages.error(request, "; ".join(m for _, m in exc.errors))
+        return redirect(reverse("dashboard:run", args=[run.pk]) + "#comments")
+    return render(request, "dashboard/run_detail.html", run_page_context(request, run))
+
+
+def run_page_context(request: HttpRequest, run: Run) -> dict:
+    """Everything dashboard/run_detail.html needs (the platform's keys included), so
+    another view can render the same page."""
     pinned = q.pinned_baselines([run.experiment_id]).get(run.experiment_id)
     chosen = params.optional_id(request, "baseline")
     baseline_id = pinned if chosen is None else chosen
@@ -152,35 +170,34 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         if layers
         else None
     )
-    return render(
-        request,
-        "dashboard/run_detail.html",
-        {
-            "run": run,
-            "label": q.run_label(run),
-            "baseline": baseline,
-            "baseline_label": q.run_label(baseline) if baseline else "",
-            "baseline_color": BASELINE_COLOR,
-            "is_pinned": pinned == run.pk,
-            "pinned_id": pinned,
-            "sections": sections,
-            "heatmap": heatmap,
-            "layers": layers,
-            "marker": q.collapse_marker(run),
-            "config_json": json.dumps(run.config, indent=2, sort_keys=True),
-            "summary_json": json.dumps(run.summary, indent=2, sort_keys=True)
-            if run.summary
-            else "",
-            "log_tail": q.log_tail(run),
-            "comments": list(run.comments.select_related("author")),
-            "verdicts": list(run.verdicts.select_related("author")[:20]),
-            "verdict_labels": VerdictLabel.choices,
-            "interval_ms": LIVE_INTERVAL_MS,
-            "compare_url": _url("compare", runs=f"{run.pk},{baseline.pk}", baseline=baseline.pk)
-            if baseline
-            else "",
-        },
-    )
+    return {
+        # the platform's run page
+        "run": run,
+        "can_manage": run.can_manage(request.user),
+        "position": queue_position(run),
+        "eta": eta_seconds(run),
+        "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+        "summary_json": json.dumps(run.summary, indent=2, sort_keys=True) if run.summary else "",
+        "comments": list(run.comments.select_related("author")),
+        # the dashboard
+        "label": q.run_label(run),
+        "baseline": baseline,
+        "baseline_label": q.run_label(baseline) if baseline else "",
+        "is_pinned": pinned == run.pk,
+        "pinned_id": pinned,
+        "sections": sections,
+        "heatmap": heatmap,
+        "layers": layers,
+        "marker": q.collapse_marker(run),
+        "log_tail": q.log_tail(run),
+        "verdicts": list(run.verdicts.select_related("author")[:20]),
+        "verdict_labels": VerdictLabel.choices,
+        "interval_ms": LIVE_INTERVAL_MS,
+        "interval_s": LIVE_INTERVAL_MS // 1000,
+        "compare_url": _url("compare", runs=f"{run.pk},{baseline.pk}", baseline=baseline.pk)
+        if baseline
+        else "",
+    }
 
 
 # --------------------------------------------------------------------------- experiment / sweep

@@ -29,17 +29,6 @@ def _run_url(run: Run, anchor: str = "") -> str:
 
 @login_required
 @require_POST
-def comment_run(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_object_or_404(Run, pk=run_id)
-    try:
-        services.comment_on_run(author=request.user, run=run, body=request.POST.get("body", ""))
-    except ConfigError as exc:
-        _error(request, exc)
-    return redirect(_run_url(run, "comments"))
-
-
-@login_required
-@require_POST
 def verdict_run(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=run_id)
     try:

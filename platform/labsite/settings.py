@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "runs",
     "jobs",
     "api",
+    "web",
     "dashboard",
 ]
 
@@ -166,6 +167,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         "polling_interval": 0.1,
     }
+    for _folder in ("queue", "control", "processed"):
+        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)  # kombu does not create them
 else:
     # Redis re-delivers a task that is not acknowledged within the visibility
     # timeout. With acks_late a training run holds its message for the whole

@@ -6,11 +6,13 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Max, Q
-from django.db.models.fields.json import KeyTransform
+from django.db.models import FloatField, Max, Q
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from runs.models import MetricStep, Run, RunStatus
+from trainer.metric_keys import is_vector_key
 
 
 def metric_series(
@@ -33,7 +35,7 @@ def metric_series(
     if end is not None:
         rows = rows.filter(step__lte=end)
     aliases = {f"k{i}": key for i, key in enumerate(keys)}
-    rows = rows.annotate(**{a: KeyTransform(k, "values") for a, k in aliases.items()})
+    rows = rows.annotate(**{a: _extract(k) for a, k in aliases.items()})
     data = list(rows.order_by("step").values_list("step", *aliases))
     if len(data) > max_points:
         stride = math.ceil(len(data) / max_points)
@@ -48,6 +50,14 @@ def metric_series(
         "steps": [row[0] for row in data],
         "series": {key: [row[i + 1] for row in data] for i, key in enumerate(keys)},
     }
+
+
+def _extract(key: str):
+    """SQL for one key: scalars as floats (cast in the database, no JSON decoding
+    per row in Python), per-layer load vectors as JSON."""
+    if is_vector_key(key):
+        return KeyTransform(key, "values")
+    return Cast(KeyTextTransform(key, "values"), FloatField())
 
 
 def metric_keys(run_id: int) -> list[str]:
@@ -109,7 +119,7 @@ def metric_series_many(
     if end is not None:
         rows = rows.filter(step__lte=end)
     aliases = {f"k{i}": key for i, key in enumerate(keys)}
-    rows = rows.annotate(**{a: KeyTransform(k, "values") for a, k in aliases.items()})
+    rows = rows.annotate(**{a: _extract(k) for a, k in aliases.items()})
     for row in rows.order_by("run_id", "step").values_list("run_id", "step", *aliases):
         entry = out[row[0]]
         entry["steps"].append(row[1])

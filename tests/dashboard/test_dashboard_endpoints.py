@@ -32,7 +32,9 @@ def long_run(make_run):
 
 
 def test_run_chart_downsampled_keeps_the_spike(alice, long_run):
-    response = alice.get(f"/runs/{long_run.pk}/chart", {"key": "mismatch/kl_k3", "max_points": 200})
+    response = alice.get(
+        f"/dashboard/runs/{long_run.pk}/chart", {"key": "mismatch/kl_k3", "max_points": 200}
+    )
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     body = response.json()
@@ -48,7 +50,7 @@ def test_run_chart_downsampled_keeps_the_spike(alice, long_run):
 
 def test_zoom_window_is_full_resolution(alice, long_run):
     response = alice.get(
-        f"/runs/{long_run.pk}/chart",
+        f"/dashboard/runs/{long_run.pk}/chart",
         {"key": "mismatch/kl_k3", "max_points": 500, "start": 3200, "end": 3300},
     )
     (trace,) = payload_traces(response)
@@ -62,7 +64,7 @@ def _csv_rows(response) -> list[dict[str, str]]:
 
 
 def test_csv_download_is_full_resolution_unless_max_points(alice, long_run):
-    url = f"/runs/{long_run.pk}/chart"
+    url = f"/dashboard/runs/{long_run.pk}/chart"
     response = alice.get(url, {"key": "mismatch/kl_k3", "format": "csv"})
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/csv")
@@ -86,7 +88,9 @@ def test_json_download_has_named_traces_and_nulls_for_gaps(alice, make_run):
             {"step": 2, "reward/accuracy": 0.3},
         ]
     )
-    response = alice.get(f"/runs/{run.pk}/chart", {"key": "reward/accuracy", "format": "json"})
+    response = alice.get(
+        f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy", "format": "json"}
+    )
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     data = response.json()
@@ -103,7 +107,9 @@ def test_compare_chart_overlays_runs_and_marks_collapse(alice, make_run):
         records=records(40, reward__accuracy=lambda s: 0.4),
         summary={"collapsed": True, "collapse_step": 25, "collapse_reason": "accuracy fell"},
     )
-    response = alice.get("/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy"})
+    response = alice.get(
+        "/dashboard/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy"}
+    )
     traces = payload_traces(response)
     names = [t["name"] for t in traces]
     assert names[:2] == [f"#{a.pk} none s0", f"#{b.pk} none s1"]
@@ -118,7 +124,8 @@ def test_compare_chart_draws_the_baseline_distinctly(alice, make_run):
     a = make_run(seed=0, records=records(10, reward__accuracy=lambda s: 0.5))
     b = make_run(seed=1, records=records(10, reward__accuracy=lambda s: 0.6))
     response = alice.get(
-        "/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy", "baseline": b.pk}
+        "/dashboard/compare/chart",
+        {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy", "baseline": b.pk},
     )
     traces = payload_traces(response)
     assert traces[0]["meta"] == {"run": f"#{b.pk} none s1", "role": "baseline"}
@@ -134,7 +141,9 @@ def test_experiment_chart_mean_band_and_seed_lines(alice, make_run, experiment):
             variant="r3", seed=seed, records=records(30, reward__accuracy=lambda s, v=level: v)
         )
     make_run(variant="none", seed=0, records=records(30, reward__accuracy=lambda s: 0.1))
-    response = alice.get(f"/experiments/{experiment.pk}/chart", {"key": "reward/accuracy"})
+    response = alice.get(
+        f"/dashboard/experiments/{experiment.pk}/chart", {"key": "reward/accuracy"}
+    )
     traces = payload_traces(response)
     roles = [(t["meta"]["variant"], t["meta"]["role"]) for t in traces]
     assert ("r3", "mean") in roles and ("none", "mean") in roles
@@ -144,7 +153,7 @@ def test_experiment_chart_mean_band_and_seed_lines(alice, make_run, experiment):
     upper = next(t for t in traces if t["meta"] == {"variant": "r3", "role": "band_upper"})
     np.testing.assert_allclose(upper["y"], 0.4)
     std = alice.get(
-        f"/experiments/{experiment.pk}/chart", {"key": "reward/accuracy", "band": "std"}
+        f"/dashboard/experiments/{experiment.pk}/chart", {"key": "reward/accuracy", "band": "std"}
     )
     assert "1 std" in std.json()["figure"]["layout"]["title"]["text"]
 
@@ -155,7 +164,7 @@ def test_heatmap_bins_steps_and_keeps_distributions(alice, make_run):
         return [0.7 if e == hot else 0.1 for e in range(4)]
 
     run = make_run(records=records(1000, experts__load__L1=load))
-    response = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "max_points": 100})
+    response = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "max_points": 100})
     (trace,) = payload_traces(response)
     assert trace["type"] == "heatmap"
     assert trace["meta"] == {"layer": 1, "role": "expert_load"}
@@ -163,11 +172,11 @@ def test_heatmap_bins_steps_and_keeps_distributions(alice, make_run):
     assert z.shape == (4, 100)
     np.testing.assert_allclose(z.sum(axis=0), 1.0)
     zoomed = payload_traces(
-        alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "start": 10, "end": 19})
+        alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "start": 10, "end": 19})
     )[0]
     assert zoomed["x"].astype(int).tolist() == list(range(10, 20))
     np.testing.assert_allclose(zoomed["z"][:, 0], load(10))
-    empty = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 5}).json()
+    empty = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 5}).json()
     assert "no data yet" in empty["figure"]["layout"]["annotations"][0]["text"]
 
 
@@ -179,7 +188,7 @@ def test_status_endpoint_reports_progress_and_log_tail(alice, make_run, settings
     (run_dir / "trainer.log").write_text("step 1\nstep 2 <b>bold</b>\n")
     run.run_dir = str(run_dir)
     run.save(update_fields=["run_dir"])
-    body = alice.get(f"/runs/{run.pk}/status").json()
+    body = alice.get(f"/dashboard/runs/{run.pk}/status").json()
     assert body["status"] == "running" and body["running"] is True
     assert body["current_step"] == 4
     assert body["log_tail"] == "step 1\nstep 2 <b>bold</b>\n"
@@ -191,7 +200,7 @@ def test_log_outside_the_runs_folder_is_not_read(alice, make_run, settings, tmp_
     (tmp_path / "trainer.log").write_text("secret")
     run.run_dir = str(tmp_path)
     run.save(update_fields=["run_dir"])
-    assert alice.get(f"/runs/{run.pk}/status").json()["log_tail"] is None
+    assert alice.get(f"/dashboard/runs/{run.pk}/status").json()["log_tail"] is None
 
 
 @pytest.mark.parametrize(
@@ -207,17 +216,17 @@ def test_log_outside_the_runs_folder_is_not_read(alice, make_run, settings, tmp_
 )
 def test_bad_parameters_answer_400_naming_the_field(alice, make_run, query, field):
     run = make_run()
-    response = alice.get(f"/runs/{run.pk}/chart", query)
+    response = alice.get(f"/dashboard/runs/{run.pk}/chart", query)
     assert response.status_code == 400
     assert field in response.json()["errors"]
 
 
 def test_unknown_run_is_404(alice, db):
-    assert alice.get("/runs/999/chart", {"key": "reward/accuracy"}).status_code == 404
+    assert alice.get("/dashboard/runs/999/chart", {"key": "reward/accuracy"}).status_code == 404
 
 
 def test_run_without_metrics_draws_a_message(alice, make_run):
     run = make_run(status=RunStatus.QUEUED)
-    body = alice.get(f"/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
+    body = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
     assert body["running"] is True
     assert "no data yet" in body["figure"]["layout"]["annotations"][0]["text"]

@@ -12,23 +12,28 @@ from runs.models import Run, RunStatus
 from tests.dashboard.conftest import records
 
 PAGES = [
-    "/runs/",
-    "/runs/{run}/",
-    "/experiments/{experiment}/",
-    "/compare/?runs={run}",
-    "/comparisons/",
-    "/stability/?runs={run}",
+    "/dashboard/runs/",
+    "/dashboard/runs/{run}/",
+    "/dashboard/experiments/{experiment}/",
+    "/dashboard/compare/?runs={run}",
+    "/dashboard/comparisons/",
+    "/dashboard/stability/?runs={run}",
 ]
 ENDPOINTS = [
-    "/runs/{run}/chart?key=reward/accuracy",
-    "/runs/{run}/heatmap?layer=0",
-    "/runs/{run}/status",
-    "/experiments/{experiment}/chart?key=reward/accuracy",
-    "/compare/chart?runs={run}&key=reward/accuracy",
-    "/stability/chart/survival?runs={run}",
-    "/stability/table?runs={run}",
+    "/dashboard/runs/{run}/chart?key=reward/accuracy",
+    "/dashboard/runs/{run}/heatmap?layer=0",
+    "/dashboard/runs/{run}/status",
+    "/dashboard/experiments/{experiment}/chart?key=reward/accuracy",
+    "/dashboard/compare/chart?runs={run}&key=reward/accuracy",
+    "/dashboard/stability/chart/survival?runs={run}",
+    "/dashboard/stability/table?runs={run}",
 ]
-POSTS = ["/runs/{run}/comment", "/runs/{run}/verdict", "/runs/{run}/pin", "/comparisons/save"]
+POSTS = [
+    "/dashboard/runs/{run}/",
+    "/dashboard/runs/{run}/verdict",
+    "/dashboard/runs/{run}/pin",
+    "/dashboard/comparisons/save",
+]
 
 
 @pytest.mark.parametrize("url", PAGES)
@@ -55,8 +60,8 @@ def test_review_actions_refuse_anonymous_users(client, make_run, url):
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
-def test_home_redirects_to_runs(alice, db):
-    assert alice.get("/")["Location"] == "/runs/"
+def test_dashboard_root_redirects_to_runs(alice, db):
+    assert alice.get("/dashboard/")["Location"] == "/dashboard/runs/"
 
 
 def test_login_page_renders(client, db):
@@ -74,20 +79,20 @@ def test_runs_list_filters_and_sorts(alice, make_run, user, other_user):
     a = make_run(seed=0, status=RunStatus.RUNNING)
     b = make_run(seed=1, owner=other_user, queue="gpu-a100")
     c = make_run(seed=2, experiment_=tagged)
-    assert _listed(alice.get("/runs/")) == [c.pk, b.pk, a.pk]  # newest first
-    assert _listed(alice.get("/runs/", {"sort": "oldest"})) == [a.pk, b.pk, c.pk]
-    assert _listed(alice.get("/runs/", {"status": "running"})) == [a.pk]
-    assert _listed(alice.get("/runs/", {"owner": "bob"})) == [b.pk]
-    assert _listed(alice.get("/runs/", {"queue": "gpu-a100"})) == [b.pk]
-    assert _listed(alice.get("/runs/", {"experiment": tagged.pk})) == [c.pk]
-    assert _listed(alice.get("/runs/", {"tag": "study"})) == [c.pk]
-    page = alice.get("/runs/").content.decode()
-    assert 'action="/compare/"' in page and 'formaction="/stability/"' in page
+    assert _listed(alice.get("/dashboard/runs/")) == [c.pk, b.pk, a.pk]  # newest first
+    assert _listed(alice.get("/dashboard/runs/", {"sort": "oldest"})) == [a.pk, b.pk, c.pk]
+    assert _listed(alice.get("/dashboard/runs/", {"status": "running"})) == [a.pk]
+    assert _listed(alice.get("/dashboard/runs/", {"owner": "bob"})) == [b.pk]
+    assert _listed(alice.get("/dashboard/runs/", {"queue": "gpu-a100"})) == [b.pk]
+    assert _listed(alice.get("/dashboard/runs/", {"experiment": tagged.pk})) == [c.pk]
+    assert _listed(alice.get("/dashboard/runs/", {"tag": "study"})) == [c.pk]
+    page = alice.get("/dashboard/runs/").content.decode()
+    assert 'action="/dashboard/compare/"' in page and 'formaction="/dashboard/stability/"' in page
     assert f'name="runs" value="{a.pk}"' in page
 
 
 def test_runs_list_rejects_a_malformed_filter(alice, db):
-    assert alice.get("/runs/", {"experiment": "abc"}).status_code == 400
+    assert alice.get("/dashboard/runs/", {"experiment": "abc"}).status_code == 400
 
 
 def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_path):
@@ -105,11 +110,11 @@ def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_pa
     run_dir.mkdir()
     (run_dir / "trainer.log").write_text("=== attempt 1\nstep 19 <ok>\n")
     Run.objects.filter(pk=run.pk).update(run_dir=str(run_dir))
-    page = alice.get(f"/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
     assert "Collapsed at step 12: reward/accuracy fell below 50% of best" in page
     assert "step 19 &lt;ok&gt;" in page  # log tail, escaped
     assert "&quot;n_experts&quot;: 8" in page  # config
-    assert f'data-run-status="/runs/{run.pk}/status"' in page
+    assert f'data-run-status="/dashboard/runs/{run.pk}/status"' in page
     assert 'data-running="true"' in page
     for key in [
         "reward/accuracy",
@@ -134,7 +139,7 @@ def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_pa
 
 def test_dense_run_page_leaves_out_moe_charts(alice, make_run):
     run = make_run(preset="dense-grpo")
-    page = alice.get(f"/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
     assert "key=mismatch%2Fkl_k3" in page
     assert "routing_inconsistency" not in page
     assert "data-layer-picker" not in page
@@ -143,7 +148,9 @@ def test_dense_run_page_leaves_out_moe_charts(alice, make_run):
 def test_compare_page_diffs_only_differing_fields(alice, make_run):
     a = make_run(seed=0)
     b = make_run(seed=1, overrides={"stabilizers.routing_replay": "r3"})
-    page = alice.get("/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}).content.decode()
+    page = alice.get(
+        "/dashboard/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}
+    ).content.decode()
     diff = page.split('class="config-diff"')[1].split("</table>")[0]
     assert "<code>run.seed</code>" in diff
     assert "<code>stabilizers.routing_replay</code>" in diff
@@ -154,18 +161,20 @@ def test_compare_page_diffs_only_differing_fields(alice, make_run):
 
 
 def test_compare_page_without_runs_explains(alice, db):
-    assert b"No runs chosen" in alice.get("/compare/").content
+    assert b"No runs chosen" in alice.get("/dashboard/compare/").content
 
 
 def test_experiment_page_lists_variants_and_band_charts(alice, make_run, experiment):
     make_run(variant="r3", seed=0)
     make_run(variant="r3", seed=1)
     make_run(variant="none", seed=0)
-    page = alice.get(f"/experiments/{experiment.pk}/", {"band": "std"}).content.decode()
+    page = alice.get(f"/dashboard/experiments/{experiment.pk}/", {"band": "std"}).content.decode()
     assert "Experiment: replay vs none" in page
-    assert f"/experiments/{experiment.pk}/chart?key=reward%2Faccuracy&amp;band=std" in page
+    assert (
+        f"/dashboard/experiments/{experiment.pk}/chart?key=reward%2Faccuracy&amp;band=std" in page
+    )
     assert page.count('class="swatch"') == 2
-    assert f"/stability/?experiment={experiment.pk}" in page
+    assert f"/dashboard/stability/?experiment={experiment.pk}" in page
 
 
 def test_sweep_page_groups_grid_points(alice, user, experiment):
@@ -180,9 +189,9 @@ def test_sweep_page_groups_grid_points(alice, user, experiment):
     )
     for run in sweep.runs.all():
         run_services.ingest_metrics(run.pk, records(5, reward__accuracy=lambda s: 0.5))
-    page = alice.get(f"/sweeps/{sweep.pk}/").content.decode()
+    page = alice.get(f"/dashboard/sweeps/{sweep.pk}/").content.decode()
     assert "Sweep: replay sweep" in page
     assert "routing_replay=none" in page and "routing_replay=r3" in page
-    response = alice.get(f"/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
+    response = alice.get(f"/dashboard/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
     variants = {t["meta"]["variant"] for t in response.json()["figure"]["data"]}
     assert variants == {"routing_replay=none", "routing_replay=r3"}

@@ -51,7 +51,7 @@ def _table(html: str) -> list[list[str]]:
 
 def test_stability_table_per_variant_with_censoring(alice, study):
     ids, runs = study
-    response = alice.get("/stability/", {"runs": ids})
+    response = alice.get("/dashboard/stability/", {"runs": ids})
     assert response.status_code == 200
     html = response.content.decode()
     rows = {cells[0]: cells for cells in _table(html)}
@@ -71,18 +71,21 @@ def test_stability_table_per_variant_with_censoring(alice, study):
     assert "late" not in rows
     assert f"#{runs[-1].pk}" in html.split("Not in the table")[1]
     assert "&gt;= 99 (censored)" in html  # per-run table
-    assert "/stability/chart/survival?runs=" in html and "/stability/chart/collapse?runs=" in html
+    assert (
+        "/dashboard/stability/chart/survival?runs=" in html
+        and "/dashboard/stability/chart/collapse?runs=" in html
+    )
 
 
 def test_stability_table_downloads(alice, study):
     ids, _ = study
-    data = alice.get("/stability/table", {"runs": ids}).json()["rows"]
+    data = alice.get("/dashboard/stability/table", {"runs": ids}).json()["rows"]
     none = next(r for r in data if r["variant"] == "none")
     assert none["collapse_step"] == ">= 66"
     assert none["collapse_step_is_lower_bound"] is True
     assert none["collapse_step_mean"] == pytest.approx((40 + 60 + 99) / 3)
     assert none["kl_k3_x1e3"] == pytest.approx(2.0)
-    response = alice.get("/stability/table", {"runs": ids, "format": "csv"})
+    response = alice.get("/dashboard/stability/table", {"runs": ids, "format": "csv"})
     assert response["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert [r["variant"] for r in rows] == ["none", "r3", "tis"]
@@ -91,14 +94,16 @@ def test_stability_table_downloads(alice, study):
 
 def test_stability_of_a_whole_experiment(alice, study, experiment):
     ids, _ = study
-    by_experiment = alice.get("/stability/", {"experiment": experiment.pk}).content.decode()
-    by_runs = alice.get("/stability/", {"runs": ids}).content.decode()
+    by_experiment = alice.get(
+        "/dashboard/stability/", {"experiment": experiment.pk}
+    ).content.decode()
+    by_runs = alice.get("/dashboard/stability/", {"runs": ids}).content.decode()
     assert _table(by_experiment) == _table(by_runs)
 
 
 def test_survival_curve_is_kaplan_meier(alice, study):
     ids, _ = study
-    traces = payload_traces(alice.get("/stability/chart/survival", {"runs": ids}))
+    traces = payload_traces(alice.get("/dashboard/stability/chart/survival", {"runs": ids}))
     none = next(t for t in traces if t["meta"] == {"variant": "none", "role": "survival"})
     assert none["x"].tolist() == [0, 40, 60, 99]
     assert none["y"] == pytest.approx([1, 2 / 3, 1 / 3, 1 / 3])
@@ -111,7 +116,7 @@ def test_survival_curve_is_kaplan_meier(alice, study):
 
 def test_collapse_strip_labels_censored_seeds(alice, study):
     ids, _ = study
-    response = alice.get("/stability/chart/collapse", {"runs": ids})
+    response = alice.get("/dashboard/stability/chart/collapse", {"runs": ids})
     data = response.json()["figure"]["data"]
     censored = next(
         t for t in data if t["meta"]["variant"] == "none" and t["meta"]["role"] == "censored"
@@ -123,7 +128,7 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
         csv.DictReader(
             io.StringIO(
                 alice.get(
-                    "/stability/chart/collapse", {"runs": ids, "format": "csv"}
+                    "/dashboard/stability/chart/collapse", {"runs": ids, "format": "csv"}
                 ).content.decode()
             )
         )
@@ -132,5 +137,5 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
 
 
 def test_stability_page_without_runs_offers_experiments(alice, experiment):
-    html = alice.get("/stability/").content.decode()
-    assert f"/stability/?experiment={experiment.pk}" in html
+    html = alice.get("/dashboard/stability/").content.decode()
+    assert f"/dashboard/stability/?experiment={experiment.pk}" in html

@@ -1,0 +1,125 @@
+"""Queue a run (config file or preset + --set) or a sweep definition from a terminal.
+
+    python manage.py submit --preset moe-grpo --set run.steps=30 --queue cpu
+    python manage.py submit --config cfg.json --experiment 3 --queue gpu-a100
+    python manage.py submit --sweep sweep.json      # {"preset"|"base_config", "grid", "seeds"}
+
+A bad config prints the offending field paths and exits with code 2; nothing is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from experiments.models import Experiment
+from experiments.services import create_experiment
+from runs import services
+from runs.configs import resolve_config
+from trainer.config import ConfigError
+
+EXIT_BAD_CONFIG = 2
+
+
+class Command(BaseCommand):
+    help = "Queue a run or a sweep; prints the ids."
+
+    def add_arguments(self, parser):
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--config", help="JSON config file")
+        source.add_argument("--preset", help="named preset (python -m trainer presets)")
+        source.add_argument("--sweep", help="JSON sweep: preset|base_config, grid, seeds")
+        parser.add_argument("--set", dest="overrides", action="append", default=[])
+        parser.add_argument("--queue", default=None)
+        parser.add_argument("--priority", type=int, default=None)
+        parser.add_argument("--variant", default="")
+        parser.add_argument("--experiment", help="experiment id or name (created if new)")
+        parser.add_argument("--user", default=None, help="owner (default: first superuser)")
+
+    def handle(self, *args, **opts):
+        try:
+            owner = self._owner(opts["user"])
+            if opts["sweep"]:
+                self._sweep(owner, opts)
+            else:
+                self._run(owner, opts)
+        except ConfigError as exc:
+            self.stderr.write("invalid input:")
+            for path, msg in exc.errors:
+                self.stderr.write(f"  {path or '(root)'}: {msg}")
+            sys.exit(EXIT_BAD_CONFIG)
+
+    def _owner(self, username):
+        users = get_user_model().objects
+        if username:
+            try:
+                return users.get(username=username)
+            except users.model.DoesNotExist:
+                raise CommandError(f"no user '{username}'") from None
+        owner = users.filter(is_superuser=True).order_by("pk").first()
+        if owner is None:
+            raise CommandError("no superuser: pass --user or run `manage.py lab_user`")
+        return owner
+
+    def _experiment(self, owner, ref: str | None, default_name: str) -> Experiment:
+        if ref and ref.isdigit():
+            try:
+                return Experiment.objects.get(pk=int(ref))
+            except Experiment.DoesNotExist:
+                raise CommandError(f"no experiment {ref}") from None
+        name = ref or default_name
+        found = Experiment.objects.filter(name=name).order_by("pk").first()
+        return found or create_experiment(owner=owner, name=name)
+
+    def _run(self, owner, opts):
+        config = _read_json(opts["config"], "--config") if opts["config"] else None
+        # Validate before touching the database: a bad config stores nothing.
+        resolve_config(config, opts["preset"], opts["overrides"])
+        experiment = self._experiment(owner, opts["experiment"], "terminal submissions")
+        run = services.submit_run(
+            owner=owner,
+            experiment=experiment,
+            config=config,
+            preset=opts["preset"],
+            overrides=opts["overrides"],
+            queue=opts["queue"],
+            priority=opts["priority"],
+            variant=opts["variant"],
+        )
+        self.stdout.write(f"run {run.pk} queued on '{run.queue}' (experiment {experiment.pk})")
+
+    def _sweep(self, owner, opts):
+        spec = _read_json(opts["sweep"], "--sweep")
+        unknown = set(spec) - {"name", "preset", "base_config", "grid", "seeds", "queue"}
+        if unknown:
+            raise ConfigError([(k, "unknown field") for k in sorted(unknown)])
+        base = resolve_config(spec.get("base_config"), spec.get("preset"), opts["overrides"])
+        services.preview_sweep(base.to_dict(), spec.get("grid", {}), spec.get("seeds", [0]))
+        experiment = self._experiment(owner, opts["experiment"], spec.get("name") or "sweeps")
+        sweep = services.create_sweep(
+            owner=owner,
+            experiment=experiment,
+            base_config=base.to_dict(),
+            grid=spec.get("grid", {}),
+            seeds=spec.get("seeds", [0]),
+            queue=opts["queue"] or spec.get("queue"),
+            name=spec.get("name", ""),
+        )
+        ids = list(sweep.runs.values_list("pk", flat=True))
+        self.stdout.write(f"sweep {sweep.pk}: {len(ids)} runs queued: {ids}")
+
+
+def _read_json(path: str, flag: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError([(flag, f"no such file: {path}")]) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError([(flag, f"not valid JSON: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([(flag, "the file must hold a JSON object")])
+    return data

@@ -1,0 +1,1 @@
+"""Browser pages: plain Django templates over the same services as the API."""

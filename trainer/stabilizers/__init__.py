@@ -1,0 +1,11 @@
+"""Model-independent building blocks of the stabilizers (issue 3).
+
+* ``replay``: routing-replay warm-up mask, compact storage of recorded routing,
+  router-anchoring KL buffer.
+* ``temperature``: router temperature controller and noisy top-k gating.
+* ``expert_clip``: per-expert gradient clipping of stacked expert weights.
+* ``surgery_step``: gradient surgery between the policy and routing losses in
+  one backward step.
+
+Each works on plain tensors or modules; the model and the RL loop call them.
+"""
