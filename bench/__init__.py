@@ -1,0 +1,1 @@
+"""Benchmark scripts; results go to bench/results/ (git-ignored)."""

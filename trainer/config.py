@@ -157,6 +157,13 @@ class WarmStartConfig(Section):
     eval_every: int = Field(50, ge=1, description="SFT steps between accuracy checks.")
     eval_size: int = Field(128, ge=8, description="Problems per SFT accuracy check (greedy).")
     cache: bool = Field(True, description="Reuse a base policy trained with the same config hash.")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**31 - 1,
+        description="Seed of the base policy. Kept apart from run.seed so that the seeds of a "
+        "study start from the same base model, as RL runs start from one pretrained model.",
+    )
 
     @model_validator(mode="after")
     def _check_band(self) -> WarmStartConfig:

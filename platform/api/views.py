@@ -151,7 +151,12 @@ class RunMetrics(APIView):
         if errors:
             raise ConfigError([(k, m) for k, msgs in errors.items() for m in msgs])
         data = queries.metric_series(
-            run.pk, keys, start=ints["start"], end=ints["end"], max_points=ints["max_points"]
+            run.pk,
+            keys,
+            start=ints["start"],
+            end=ints["end"],
+            max_points=ints["max_points"],
+            last_step=run.current_step - 1 if run.current_step else None,
         )
         return Response({"run": run.pk, "status": run.status, **data})
 

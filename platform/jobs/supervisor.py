@@ -12,8 +12,6 @@ an orphan writing the same run folder.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -33,6 +31,7 @@ from runs import services as run_services
 from runs.models import Run, RunStatus
 
 from jobs import services as job_services
+from jobs.childproc import kill_group, tied_to_this_process
 from jobs.dispatch import new_task_id, send_run_on_commit
 from jobs.tailer import MetricsTail
 
@@ -47,15 +46,6 @@ LOG_TAIL_CHARS = 4000
 SHUTDOWN = threading.Event()
 # The run this worker process is training (read by the registry heartbeat).
 CURRENT_RUN: dict[str, int | None] = {"id": None}
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()  # own process group: a terminal's Ctrl-C reaches the worker only
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the reconciler still recovers the run
-        pass
 
 
 def trainer_command(config_path: Path, run_dir: Path, *, resume: bool, gpus: int) -> list[str]:
@@ -140,16 +130,24 @@ def _supervise(claim: job_services.Claim) -> str:
         log_fh.write(f"\n=== attempt {claim.attempt}: {' '.join(cmd)}\n".encode())
         log_fh.flush()
         proc = subprocess.Popen(
-            cmd,
+            tied_to_this_process(cmd),
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_fh,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the worker only
         )
     sup = Supervision(claim=claim, run_dir=run_dir, tail=MetricsTail(run_dir / "metrics.jsonl"))
-    returncode = _watch(proc, sup)
+    try:
+        returncode = _watch(proc, sup)
+    except BaseException:
+        # The supervisor itself failed (e.g. the database went away): never leave
+        # an unwatched trainer behind. The run keeps status running, its
+        # heartbeat goes stale, and the reconciler requeues it to resume.
+        kill_group(proc, signal.SIGKILL)
+        proc.wait()
+        raise
 
     # Final pass over the whole file: the DB ends equal to the trainer's record,
     # including steps a resumed trainer rewound and rewrote.
@@ -201,8 +199,16 @@ def _watch(proc: subprocess.Popen, sup: Supervision) -> int:
                     sup.claim.attempt,
                 )
                 sup.reason = "lost"
-                _kill_group(proc, signal.SIGKILL)
+                kill_group(proc, signal.SIGKILL)
                 return proc.wait()
+        if sup.term_sent_at is not None and now - sup.term_sent_at > settings.LAB_TERM_GRACE_S:
+            log.warning(
+                "run %s: trainer ignored SIGTERM for %.0f s; killing it",
+                sup.claim.run_id,
+                settings.LAB_TERM_GRACE_S,
+            )
+            kill_group(proc, signal.SIGKILL)
+            return proc.wait()
         if sup.term_sent_at is None and now - last_cancel_check >= cancel_check_s:
             last_cancel_check = now
             if SHUTDOWN.is_set():
@@ -214,11 +220,6 @@ def _watch(proc: subprocess.Popen, sup: Supervision) -> int:
                 proc.send_signal(signal.SIGTERM)
                 sup.term_sent_at = now
         time.sleep(poll_s)
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
 
 
 def outcome(

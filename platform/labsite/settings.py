@@ -187,6 +187,7 @@ LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
 LAB_RECONCILE_EVERY_S = float(os.environ.get("LAB_RECONCILE_EVERY_S", 15))
 LAB_METRICS_BATCH = int(os.environ.get("LAB_METRICS_BATCH", 500))
 LAB_POLL_S = float(os.environ.get("LAB_POLL_S", 0.5))
+LAB_TERM_GRACE_S = float(os.environ.get("LAB_TERM_GRACE_S", 300))  # SIGTERM -> SIGKILL
 
 LOGGING = {
     "version": 1,

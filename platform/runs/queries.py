@@ -6,9 +6,9 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import FloatField, Max, Q
+from django.db.models import F, FloatField, Max, Q
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Mod
 from django.utils import timezone
 
 from runs.models import MetricStep, Run, RunStatus
@@ -22,18 +22,31 @@ def metric_series(
     start: int | None = None,
     end: int | None = None,
     max_points: int = 1000,
+    last_step: int | None = None,
 ) -> dict[str, Any]:
     """``{"steps": [...], "series": {key: [...]}}`` for steps in [start, end], in ONE query.
 
     Only the requested keys leave the database (JSON key extraction in SQL).
     Longer ranges are thinned to ``max_points`` by an even stride that always
-    keeps the last step (a live run's newest point).
+    keeps the last step (a live run's newest point). With ``last_step`` known
+    (the run's progress), the stride is applied in SQL, so a 100k-step run
+    sends only ``max_points`` rows.
     """
     rows = MetricStep.objects.filter(run_id=run_id)
+    lo = start or 0
     if start is not None:
         rows = rows.filter(step__gte=start)
     if end is not None:
         rows = rows.filter(step__lte=end)
+    if last_step is not None:
+        hi = min(end, last_step) if end is not None else last_step
+        span = hi - lo + 1
+        if span > max_points:
+            # One slot is reserved for the last step, which is always kept.
+            stride = math.ceil(span / max(1, max_points - 1))
+            rows = rows.annotate(_phase=Mod(F("step") - lo, stride)).filter(
+                Q(_phase=0) | Q(step__gte=hi)
+            )
     aliases = {f"k{i}": key for i, key in enumerate(keys)}
     rows = rows.annotate(**{a: _extract(k) for a, k in aliases.items()})
     data = list(rows.order_by("step").values_list("step", *aliases))

@@ -4,6 +4,7 @@ on both, see the ``lab_stack`` fixture)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -114,3 +115,22 @@ def test_trainer_rejecting_its_config_fails_the_run_with_the_reason(lab_stack):
     assert done["status"] == "failed"
     assert "invalid config" in done["error"] and "run.steps" in done["error"]
     assert lab_stack.procs["w1"].poll() is None
+
+
+@needs_trainer
+def test_worker_shutdown_gives_the_run_back_and_it_resumes(lab_stack):
+    """SIGTERM (Ctrl-C, docker stop): the trainer checkpoints, the run returns to
+    the queue without spending an attempt, and the next worker resumes it."""
+    total = 12
+    lab_stack.start_worker("w1")
+    run = _submit(lab_stack, **{"run.steps": total, "run.checkpoint_every": 2})
+    lab_stack.wait_for(lambda: lab_stack.run(run["id"])["current_step"] >= 3, 240, "step 3")
+    lab_stack.kill("w1", signal.SIGTERM)
+    back = lab_stack.run(run["id"])
+    assert back["status"] == "queued" and back["attempts"] == 0, back
+    lab_stack.start_worker("w2")
+    done = lab_stack.wait_status(run["id"], {"succeeded", "failed"}, timeout=400)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 1
+    steps = _steps(lab_stack, run["id"])
+    assert steps == sorted(set(steps)) and len(steps) == total

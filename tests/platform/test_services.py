@@ -220,6 +220,22 @@ def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experim
     assert data["steps"] == sorted(set(data["steps"]))
 
 
+def test_metric_series_thins_in_sql_when_the_last_step_is_known(
+    user, experiment, django_assert_num_queries
+):
+    run = _run(user, experiment)
+    runs.ingest_metrics(run.pk, _lines(range(1000), layers=0))
+    with django_assert_num_queries(1):
+        data = queries.metric_series(run.pk, ["policy/loss"], max_points=100, last_step=999)
+    assert len(data["steps"]) <= 100
+    assert data["steps"][:3] == [0, 11, 22] and data["steps"][-1] == 999
+    assert data["series"]["policy/loss"][1] == -11
+    ranged = queries.metric_series(
+        run.pk, ["policy/loss"], start=500, end=599, max_points=10, last_step=999
+    )
+    assert ranged["steps"][0] == 500 and ranged["steps"][-1] == 599 and len(ranged["steps"]) <= 10
+
+
 def test_drop_metrics_after_removes_rewound_steps(user, experiment):
     run = _run(user, experiment)
     runs.ingest_metrics(run.pk, _lines(range(10)))

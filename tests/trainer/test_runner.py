@@ -1,0 +1,137 @@
+"""The RL loop end to end: files, resume equivalence, SIGTERM, determinism, bad config."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer import metric_keys as K
+from trainer.config import apply_overrides, validate_config
+from trainer.presets import preset_dict
+from trainer.run_files import read_metrics
+from trainer.runner import train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Small enough for a 2-core machine: 2 prompts x 4 samples, short warm start.
+FAST = [
+    "run.steps=4",
+    "run.eval_every=2",
+    "run.checkpoint_every=2",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "algorithm.minibatches=2",
+    "warm_start.max_steps=40",
+    "warm_start.eval_every=20",
+    "warm_start.eval_size=16",
+    "task.eval_size=16",
+    "run.threads=1",
+]
+
+
+def fast_config(preset: str = "moe-grpo", extra: list[str] | None = None):
+    return validate_config(apply_overrides(preset_dict(preset), FAST + (extra or [])))
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    """Drop wall-clock keys: everything else must match exactly."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_run_writes_metrics_and_summary(tmp_path):
+    summary = train(fast_config(), tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for key in (
+        K.REWARD_MEAN, K.REWARD_ACCURACY, K.MISMATCH_KL_K1, K.MISMATCH_KL_K3,
+        K.MISMATCH_EXTREME_TOKEN_FRAC, K.MISMATCH_ROUTING_INCONSISTENCY, K.MISMATCH_SDI,
+        K.EXPERTS_UTILIZATION, K.EXPERTS_MAX_VIOLATION, K.EXPERTS_ROUTER_ENTROPY,
+        K.POLICY_LOSS, K.POLICY_GRAD_NORM, K.OPTIM_LR, K.TIME_STEP_S, K.experts_load(0),
+    ):  # fmt: skip
+        assert key in rows[0], key
+    assert len(rows[0][K.experts_load(1)]) == 8
+    assert abs(sum(rows[0][K.experts_load(1)]) - 1.0) < 1e-5
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == summary
+    assert summary["status"] == "succeeded" and summary["steps"] == 4
+    assert summary["collapsed"] is False and summary["collapse_step"] is None
+    assert (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_same_seed_same_metrics(tmp_path):
+    a = train(fast_config(extra=["run.steps=2"]), tmp_path / "a")
+    b = train(fast_config(extra=["run.steps=2"]), tmp_path / "b")
+    assert a["final_accuracy"] == b["final_accuracy"]
+    assert _comparable(read_metrics(tmp_path / "a")) == _comparable(read_metrics(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("preset", ["moe-grpo", "moe-ppo"])
+def test_resume_gives_the_same_stream_as_straight(tmp_path, preset):
+    cfg = fast_config(preset)
+    train(cfg, tmp_path / "straight")
+    first = train(cfg, tmp_path / "resumed", stop_after=2)
+    assert first["status"] == "stopped" and first["steps"] == 2
+    second = train(cfg, tmp_path / "resumed", resume=True)
+    assert second["steps"] == 4
+    straight = _comparable(read_metrics(tmp_path / "straight"))
+    resumed = _comparable(read_metrics(tmp_path / "resumed"))
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert resumed == straight
+
+
+def _cli(*args: str, env=None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=ROOT, capture_output=True, text=True, env=env, **kw,
+    )  # fmt: skip
+
+
+def test_cli_bad_config_names_field_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    result = _cli("run", "--preset", "moe-grpo", "--set", "model.top_k=99",
+                  "--set", "algorithm.nmae=\"x\"", "--out", str(out))  # fmt: skip
+    assert result.returncode == 2
+    assert "model.top_k" in result.stderr or "algorithm.nmae" in result.stderr
+    assert not out.exists()
+    result = _cli("run", "--preset", "no-such-preset", "--out", str(out))
+    assert result.returncode == 2 and "unknown preset" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_step_checkpoints_and_cancels(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    overrides = [a for item in FAST for a in ("--set", item)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", "--preset", "moe-grpo", *overrides,
+         "--set", "run.steps=500", "--out", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if len(read_metrics(out)) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "cancelled"
+    rows = read_metrics(out)
+    assert summary["steps"] == len(rows) and 2 <= len(rows) < 500
+    assert (out / "checkpoints" / "last.pt").exists()

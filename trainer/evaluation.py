@@ -1,0 +1,49 @@
+"""Held-out accuracy: greedy decoding of the evaluation set with the rollout engine."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.data import collate_prompts
+from trainer.rollout import RolloutEngine
+from trainer.tasks import Problem, Task
+
+
+def response_texts(tokens: torch.Tensor, response_mask: torch.Tensor, task: Task) -> list[str]:
+    """Decode each row's response tokens (B, T) -> list of B strings."""
+    out = []
+    for row, mask in zip(tokens.tolist(), response_mask.tolist(), strict=True):
+        out.append(task.tokenizer.decode([t for t, m in zip(row, mask, strict=True) if m]))
+    return out
+
+
+@torch.no_grad()
+def greedy_accuracy(
+    engine: RolloutEngine,
+    task: Task,
+    problems: list[Problem],
+    max_new_tokens: int,
+    device: torch.device,
+    batch_size: int = 256,
+) -> float:
+    """Share of ``problems`` the engine answers exactly right with greedy decoding."""
+    if not problems:
+        return 0.0
+    tok = task.tokenizer
+    correct = 0
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        prompts, prompt_mask = collate_prompts(chunk, tok, device)
+        batch = engine.generate(
+            prompts,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=0.0,
+            top_p=1.0,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            generator=None,
+        )
+        texts = response_texts(batch.tokens, batch.response_mask, task)
+        correct += sum(task.is_correct(p, t) for p, t in zip(chunk, texts, strict=True))
+    return correct / len(problems)

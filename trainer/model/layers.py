@@ -1,0 +1,168 @@
+"""Transformer building blocks: RMSNorm, positions, rotary embeddings, masks,
+causal self-attention and the dense SwiGLU FFN.
+
+The pure functions here (``positions_from_mask``, ``rotary_cos_sin``,
+``apply_rotary``, ``attention_bias_mask``) are the one definition of each
+formula; the rollout engine (``trainer.rollout``) calls them too so both
+implementations agree on the math and differ only in numerics.
+
+Shapes: B batch, T new tokens, S keys (past + new), D d_model, H heads,
+hd head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32; returns x's dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def positions_from_mask(attention_mask: torch.Tensor, offset: torch.Tensor | None = None):
+    """Position ids from a (B, T) bool mask: ``cumsum(mask) - 1`` clamped at 0.
+
+    A left-padded prompt thus starts at position 0 (docs/trainer-internals.md).
+    ``offset`` (B,) is the number of real tokens already in a KV cache.
+    """
+    pos = attention_mask.long().cumsum(-1) - 1
+    if offset is not None:
+        pos = pos + offset[:, None]
+    return pos.clamp_min(0)
+
+
+def rotary_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """RoPE frequencies theta_i = base^(-2i/hd), i < hd/2 (Su et al. 2021)."""
+    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
+    """cos, sin of shape (B, 1, T, hd) in fp32 for positions (B, T)."""
+    angles = positions.float()[..., None] * inv_freq.to(positions.device)  # (B, T, hd/2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, hd)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, hd) by the position angles (rotate-half form, as in Llama)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+def attention_bias_mask(key_valid: torch.Tensor, q_len: int) -> torch.Tensor:
+    """Boolean SDPA mask (B, 1, T, S), True = may attend.
+
+    Causal over the last ``q_len`` of the ``S`` keys, AND the key is a real
+    token. Every query may also attend to itself so that pad queries (left or
+    right padding) still have one key and produce finite (ignored) outputs
+    instead of NaN; a real query's own key is real anyway, so this changes
+    nothing for real tokens.
+    """
+    s = key_valid.shape[-1]
+    device = key_valid.device
+    q_pos = torch.arange(s - q_len, s, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
+    causal = k_pos <= q_pos
+    diagonal = k_pos == q_pos
+    return (causal & key_valid[:, None, None, :]) | diagonal
+
+
+class KVCache:
+    """Growing per-layer key/value cache for the training model.
+
+    Only used to check incremental decoding against the full forward; the
+    rollout engine has its own preallocated static cache.
+    """
+
+    def __init__(self, n_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+        self.mask: torch.Tensor | None = None  # (B, S) real-token mask of cached keys
+
+    @property
+    def n_real(self) -> torch.Tensor | None:
+        """(B,) count of real tokens already cached (the next position id)."""
+        return None if self.mask is None else self.mask.long().sum(-1)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Add (B, H, T, hd) keys/values for one layer; return all cached for it."""
+        if self.keys[layer] is not None:
+            k = torch.cat((self.keys[layer], k), dim=2)
+            v = torch.cat((self.values[layer], v), dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention over F.scaled_dot_product_attention."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask4d: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if kv_cache is not None:
+            k, v = kv_cache.append(layer, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    """Dense FFN: down(silu(x W_gate) * (x W_up)) (Shazeer 2020), gate/up fused."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.hidden = hidden
+        self.w_gate_up = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.w_down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+def init_normal_(module: nn.Module, std: float, residual_std: float) -> None:
+    """GPT-2/nanoGPT init: N(0, std), residual projections N(0, std / sqrt(2L))."""
+    for name, param in module.named_parameters():
+        if param.dim() < 2:
+            continue
+        is_residual_out = name.endswith(("proj.weight", "w_down.weight", "w_down"))
+        nn.init.normal_(param, mean=0.0, std=residual_std if is_residual_out else std)
+
+
+def residual_std(std: float, n_layers: int) -> float:
+    return std / math.sqrt(2 * n_layers)

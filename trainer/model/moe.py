@@ -1,0 +1,158 @@
+"""Mixture-of-Experts FFN: a linear top-k router over SwiGLU experts.
+
+Routing (Mixtral / Qwen3 style):
+
+    logits = (x W_r^T) / temperature          fp32, also under autocast
+    probs  = softmax(logits)                  fp32 (a half softmax overflows)
+    natural = topk(logits + selection_bias)   the router's own choice
+    used    = override where replaying, else natural
+    gates   = probs[used] / sum(probs[used])  renormalised over the used experts
+
+Gates are always gathered from the FULL softmax of the training logits, never
+from top-k-zeroed probabilities, so under routing replay (R3, arXiv
+2510.11370) the router still gets a gradient through the gates.
+
+Hooks for balancing stabilizers: ``Router.selection_bias`` is added to the
+scores for SELECTION only (DeepSeek-V3 auxiliary-loss-free balancing, arXiv
+2412.19437), and ``Router.selection_scores`` is the one place where noisy
+top-k gating (Shazeer et al. 2017) would add its noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.model.dispatch import experts_swiglu
+from trainer.model.layers import SwiGLU
+
+
+@dataclass
+class LayerRouting:
+    """One MoE layer's routing for a batch; all fp32/int64 and (B, T, ...).
+
+    logits: (B, T, E) router logits after temperature
+    probs: (B, T, E) softmax of logits
+    natural_indices: (B, T, k) the router's own top-k
+    used_indices: (B, T, k) experts actually used (override where given)
+    gates: (B, T, k) renormalised weights of used_indices
+    """
+
+    logits: torch.Tensor
+    probs: torch.Tensor
+    natural_indices: torch.Tensor
+    used_indices: torch.Tensor
+    gates: torch.Tensor
+
+
+def topk_gates(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Gate weights: probs gathered at ``indices`` and renormalised to sum 1.
+
+    probs: (..., E) full softmax; indices: (..., k). Returns (..., k).
+    """
+    picked = probs.gather(-1, indices)
+    return picked / picked.sum(-1, keepdim=True)
+
+
+class Router(nn.Module):
+    """Linear router; logits and softmax in fp32 regardless of autocast."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int):
+        super().__init__()
+        self.n_experts = n_experts
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        # Persistent so checkpoints and the rollout engine's weight sync carry them.
+        self.register_buffer("selection_bias", torch.zeros(n_experts))
+        self.register_buffer("temperature", torch.ones(()))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (N, D) -> (N, E) fp32 logits / temperature."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return F.linear(x.float(), self.weight.float()) / self.temperature
+
+    def selection_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Scores the top-k selection ranks: logits + per-expert bias (selection only)."""
+        return logits + self.selection_bias
+
+    def forward(self, x: torch.Tensor):
+        """x: (N, D) -> logits (N, E), probs (N, E), natural top-k indices (N, k)."""
+        logits = self.logits(x)
+        probs = logits.softmax(dim=-1)
+        natural = self.selection_scores(logits).topk(self.top_k, dim=-1).indices
+        return logits, probs, natural
+
+
+class ExpertWeights(nn.Module):
+    """Stacked SwiGLU expert weights laid out for ``x @ w``.
+
+    w_gate, w_up: (E, D, H); w_down: (E, H, D). Expert e's parameters are the
+    slices ``[e]`` (per-expert gradient clipping uses that).
+    """
+
+    def __init__(self, n_experts: int, d_model: int, hidden: int):
+        super().__init__()
+        self.w_gate = nn.Parameter(torch.empty(n_experts, d_model, hidden))
+        self.w_up = nn.Parameter(torch.empty(n_experts, d_model, hidden))
+        self.w_down = nn.Parameter(torch.empty(n_experts, hidden, d_model))
+
+
+class MoELayer(nn.Module):
+    """Top-k routed SwiGLU experts plus an optional always-on shared expert."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        top_k: int,
+        expert_hidden: int,
+        shared_expert_hidden: int = 0,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        self.n_experts = n_experts
+        self.top_k = top_k
+        self.backend = backend  # "auto" | "grouped_mm" | "loop" (trainer.model.dispatch)
+        self.router = Router(d_model, n_experts, top_k)
+        self.experts = ExpertWeights(n_experts, d_model, expert_hidden)
+        self.shared = SwiGLU(d_model, shared_expert_hidden) if shared_expert_hidden else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        routing_override: torch.Tensor | None = None,
+        override_mask: torch.Tensor | None = None,
+        return_routing: bool = False,
+    ) -> tuple[torch.Tensor, LayerRouting | None]:
+        """x: (B, T, D); routing_override: (B, T, k) expert ids to replay;
+        override_mask: (B, T) True = use the override there (default: everywhere).
+        Returns y (B, T, D) and the LayerRouting when ``return_routing``.
+        """
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)
+        logits, probs, natural = self.router(flat)
+        used = natural
+        if routing_override is not None:
+            override = routing_override.reshape(b * t, self.top_k).to(natural.device)
+            if override_mask is not None:
+                keep = override_mask.reshape(b * t, 1).to(natural.device)
+                override = torch.where(keep, override, natural)
+            used = override
+        gates = topk_gates(probs, used)
+        e = self.experts
+        y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, self.backend)
+        if self.shared is not None:
+            y = y + self.shared(flat)
+        routing = None
+        if return_routing:
+            routing = LayerRouting(
+                logits=logits.view(b, t, -1),
+                probs=probs.view(b, t, -1),
+                natural_indices=natural.view(b, t, -1),
+                used_indices=used.view(b, t, -1),
+                gates=gates.view(b, t, -1),
+            )
+        return y.view(b, t, d), routing

@@ -1,0 +1,412 @@
+"""The rollout engine: a separate inference implementation of the policy.
+
+Like vLLM next to Megatron, it has its own weight layout (fused gate|up
+expert weights), its own forward with a preallocated static KV cache, and its
+own precision (``trainer.rollout.numerics``). Every RL step it receives the
+training model's ``state_dict()`` (``load_weights``), samples responses, and
+records each token's log-prob and each MoE layer's natural top-k experts.
+
+It shares with the training model only the definitions of the formulas
+(positions, rotary angles, the attention mask, the grouped-matmul kernel);
+the numerics differ, which is the training-inference mismatch under study.
+
+    engine = RolloutEngine(cfg.model, vocab_size, precision="bf16", device=dev)
+    engine.load_weights(model.state_dict())
+    batch = engine.generate(prompt_tokens, prompt_mask, max_new_tokens=16, ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trainer.config import ModelConfig
+from trainer.model.dispatch import Dispatch, expert_matmul, resolve_backend
+from trainer.model.layers import (
+    apply_rotary,
+    attention_bias_mask,
+    positions_from_mask,
+    rms_norm,
+    rotary_cos_sin,
+    rotary_inv_freq,
+)
+from trainer.rollout.numerics import Numerics
+from trainer.rollout.routing_pack import PackedRouting, index_dtype
+from trainer.rollout.sampling import sample_next, scaled_logprobs
+
+
+@dataclass
+class RolloutBatch:
+    """Sampled sequences in the shared batch layout (docs/trainer-internals.md).
+
+    tokens, attention_mask, response_mask: (B, T); logprobs: (B, T) fp32, the
+    engine's log-prob of every prompt and response token (0 at the first real
+    token and on pads); routing: natural top-k per MoE layer, or None for a
+    dense model; prompt_len: P, the padded prompt width.
+    """
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    routing: PackedRouting | None
+    prompt_len: int
+
+    @property
+    def routing_mask(self) -> torch.Tensor | None:
+        return None if self.routing is None else self.routing.routing_mask
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # (3D, D)
+    wo: torch.Tensor  # (D, D)
+    ffn_norm: torch.Tensor
+    # dense FFN
+    w_gate_up: torch.Tensor | None = None  # (2H, D)
+    w_down: torch.Tensor | None = None  # (D, H)
+    # MoE
+    router: torch.Tensor | None = None  # (E, D)
+    selection_bias: torch.Tensor | None = None  # (E,) fp32
+    router_temperature: float = 1.0
+    experts_gate_up: torch.Tensor | None = None  # (E, D, 2H) fused for one grouped matmul
+    experts_down: torch.Tensor | None = None  # (E, H, D)
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.router is not None
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab_size: int,
+        precision: str = "bf16",
+        device: torch.device | str = "cpu",
+        moe_backend: str = "auto",
+    ):
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.num = Numerics(precision, device)
+        self.device = self.num.device
+        self.moe_backend = moe_backend
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.inv_freq = rotary_inv_freq(self.head_dim).to(self.device)
+        self.layers: list[_Layer] = []
+        self.loaded = False
+        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def precision(self) -> str:
+        return self.num.precision
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.cfg.n_layers if self.cfg.is_moe else 0
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take the training model's ``state_dict()``: round once to this
+        engine's precision and re-lay out (fuse the experts' gate|up)."""
+        w = self.num.weight
+        sd = state_dict
+        self.tok_emb = w(sd["tok_emb.weight"])
+        self.pos_emb = w(sd["pos_emb.weight"]) if self.cfg.positional == "learned" else None
+        self.norm_f = w(sd["norm_f.weight"])
+        head = sd["tok_emb.weight"] if self.cfg.tie_embeddings else sd["lm_head.weight"]
+        self.lm_head = w(head)
+        self.layers = []
+        for i in range(self.cfg.n_layers):
+            p = f"blocks.{i}."
+            layer = _Layer(
+                attn_norm=w(sd[p + "attn_norm.weight"]),
+                wqkv=w(sd[p + "attn.qkv.weight"]),
+                wo=w(sd[p + "attn.proj.weight"]),
+                ffn_norm=w(sd[p + "ffn_norm.weight"]),
+            )
+            if p + "ffn.router.weight" in sd:
+                layer.router = w(sd[p + "ffn.router.weight"])
+                layer.selection_bias = sd[p + "ffn.router.selection_bias"].to(
+                    self.device, torch.float32
+                )
+                layer.router_temperature = float(sd[p + "ffn.router.temperature"])
+                layer.experts_gate_up = w(
+                    torch.cat((sd[p + "ffn.experts.w_gate"], sd[p + "ffn.experts.w_up"]), dim=2)
+                )
+                layer.experts_down = w(sd[p + "ffn.experts.w_down"])
+                if p + "ffn.shared.w_gate_up.weight" in sd:
+                    layer.shared_gate_up = w(sd[p + "ffn.shared.w_gate_up.weight"])
+                    layer.shared_down = w(sd[p + "ffn.shared.w_down.weight"])
+            else:
+                layer.w_gate_up = w(sd[p + "ffn.w_gate_up.weight"])
+                layer.w_down = w(sd[p + "ffn.w_down.weight"])
+            self.layers.append(layer)
+        self.loaded = True
+
+    # ------------------------------------------------------------------ forward
+    def _static_cache(self, batch: int, length: int):
+        """Preallocated (L, B, H, S, hd) key and value buffers, reused across calls."""
+        shape = (self.cfg.n_layers, batch, self.n_heads, length, self.head_dim)
+        if (
+            self._cache is None
+            or self._cache[0].shape[:2] != shape[:2]
+            or (self._cache[0].shape[3] < length)
+        ):
+            self._cache = (
+                torch.empty(shape, dtype=self.num.dtype, device=self.device),
+                torch.empty(shape, dtype=self.num.dtype, device=self.device),
+            )
+        return self._cache
+
+    def _swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor):
+        gate, up = self.num.linear(x, w_gate_up).chunk(2, dim=-1)
+        return self.num.linear(self.num.round(F.silu(gate) * up), w_down)
+
+    def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (N, D) stored activations -> (y (N, D), natural top-k (N, k))."""
+        num = self.num
+        # Router input is the stored (half) activation; logits come out of a
+        # half GEMM, then temperature and softmax in fp32.
+        logits = num.linear(x, layer.router).float() / layer.router_temperature
+        probs = logits.softmax(dim=-1)
+        top = (logits + layer.selection_bias).topk(self.cfg.top_k, dim=-1).indices
+        picked = probs.gather(-1, top)
+        gates = picked / picked.sum(-1, keepdim=True)
+
+        dispatch = Dispatch.from_indices(top, layer.experts_gate_up.shape[0])
+        backend = resolve_backend(self.moe_backend, x)
+        xs = x.index_select(0, dispatch.token)
+        gate, up = num.round(expert_matmul(xs, layer.experts_gate_up, dispatch, backend)).chunk(
+            2, dim=-1
+        )
+        hidden = num.round(F.silu(gate) * up)
+        ys = num.round(expert_matmul(hidden, layer.experts_down, dispatch, backend))
+        n, k = top.shape
+        per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
+        y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
+        if layer.shared_gate_up is not None:
+            y = y + self._swiglu(x, layer.shared_gate_up, layer.shared_down)
+        return num.round(y), top
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_valid: torch.Tensor,
+        cache_start: int | None,
+        routing_out: torch.Tensor | None,
+        all_positions: bool = False,
+    ) -> torch.Tensor:
+        """One forward over new tokens (B, T) at ``positions`` (B, T).
+
+        key_valid: (B, S) real-token mask of all keys up to and including the
+        new tokens. With ``cache_start`` the new keys/values are written to the
+        static cache at columns [cache_start, cache_start + T) and attention
+        reads columns [0, cache_start + T); without it, T == S (full recompute).
+        routing_out: (L_moe, B, T, k) buffer for the natural top-k, or None.
+        Returns fp32 logits of the last position (B, V), or of every position
+        (B, T, V) with ``all_positions``.
+        """
+        num = self.num
+        b, t = tokens.shape
+        d = self.cfg.d_model
+        x = num.round(self.tok_emb[tokens])
+        rope = None
+        if self.pos_emb is not None:
+            x = num.round(x + self.pos_emb[positions])
+        else:
+            rope = rotary_cos_sin(positions, self.inv_freq)
+        mask4d = attention_bias_mask(key_valid, t)
+        cache = self._cache if cache_start is not None else None
+        moe_i = 0
+        for i, layer in enumerate(self.layers):
+            h = num.round(rms_norm(x, layer.attn_norm, self.cfg.norm_eps))
+            qkv = num.linear(h, layer.wqkv).view(b, t, 3, self.n_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            if rope is not None:
+                q, k = num.round(apply_rotary(q, *rope)), num.round(apply_rotary(k, *rope))
+            if cache is not None:
+                end = cache_start + t
+                cache[0][i, :, :, cache_start:end] = k
+                cache[1][i, :, :, cache_start:end] = v
+                k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+            y = num.round(F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d))
+            x = num.round(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
+
+            h = num.round(rms_norm(x, layer.ffn_norm, self.cfg.norm_eps))
+            if layer.is_moe:
+                y, top = self._moe(h.view(b * t, d), layer)
+                y = y.view(b, t, d)
+                if routing_out is not None:
+                    routing_out[moe_i] = top.view(b, t, -1)
+                moe_i += 1
+            else:
+                y = self._swiglu(h, layer.w_gate_up, layer.w_down)
+            x = num.round(x + y)
+        h = num.round(rms_norm(x if all_positions else x[:, -1], self.norm_f, self.cfg.norm_eps))
+        return num.linear(h, self.lm_head).float()
+
+    # ------------------------------------------------------------------ scoring
+    @torch.no_grad()
+    def score(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, PackedRouting | None]:
+        """Teacher-forced log-probs (B, T) and natural routing of given tokens
+        (one prefill over all positions; same conventions as ``generate``)."""
+        self._check_loaded()
+        tokens = tokens.to(self.device)
+        mask = attention_mask.to(self.device).bool()
+        b, t = tokens.shape
+        routing = self._routing_buffer(b, t)
+        logits = self._forward(tokens, positions_from_mask(mask), mask, None, routing, True)
+        logprobs = prompt_logprobs(logits, tokens, mask, temperature)
+        packed = None if routing is None else PackedRouting(routing, self.cfg.n_experts, mask)
+        return logprobs, packed
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_tokens: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
+    ) -> RolloutBatch:
+        """Sample up to ``max_new_tokens`` per row after left-padded prompts.
+
+        prompt_tokens, prompt_mask: (B, P). A row stops at ``eos_id`` (EOS
+        kept, later columns padded); the loop ends when every row stopped.
+        ``temperature`` 0 decodes greedily. ``use_kv_cache=False`` recomputes
+        the full prefix every step (for the benchmark).
+        """
+        self._check_loaded()
+        prompt = prompt_tokens.to(self.device)
+        b, p = prompt.shape
+        total = p + max_new_tokens
+        if total > self.cfg.max_seq_len and self.pos_emb is not None:
+            raise ValueError(f"prompt + max_new_tokens ({total}) exceeds max_seq_len")
+        tokens = torch.full((b, total), pad_id, dtype=torch.long, device=self.device)
+        tokens[:, :p] = prompt
+        mask = torch.zeros((b, total), dtype=torch.bool, device=self.device)
+        mask[:, :p] = prompt_mask.to(self.device).bool()
+        response = torch.zeros_like(mask)
+        fed = torch.zeros_like(mask)
+        routing = self._routing_buffer(b, total)
+        if use_kv_cache:
+            self._static_cache(b, total)
+
+        # Prefill: every prompt position at once (prompt log-probs need all logits).
+        logits = self._forward(
+            tokens[:, :p],
+            positions_from_mask(mask[:, :p]),
+            mask[:, :p],
+            0 if use_kv_cache else None,
+            None if routing is None else routing[:, :, :p],
+            all_positions=True,
+        )
+        logprobs = torch.zeros((b, total), dtype=torch.float32, device=self.device)
+        logprobs[:, :p] = prompt_logprobs(logits, tokens[:, :p], mask[:, :p], temperature)
+        fed[:, :p] = mask[:, :p]
+        next_logits = logits[:, -1]
+
+        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
+        end = p
+        for step in range(max_new_tokens):
+            col = p + step
+            logp = scaled_logprobs(next_logits, temperature)
+            nxt = sample_next(logp, temperature, top_p, generator)
+            alive = ~finished
+            nxt = torch.where(alive, nxt, torch.full_like(nxt, pad_id))
+            tokens[:, col] = nxt
+            mask[:, col] = alive
+            response[:, col] = alive
+            logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
+            if eos_id is not None:
+                finished = finished | (alive & (nxt == eos_id))
+            end = col + 1
+            if step == max_new_tokens - 1 or bool(finished.all()):
+                break
+            # Feed the sampled token (the next position id = real tokens before it).
+            positions = mask[:, :col].sum(-1, keepdim=True)
+            if use_kv_cache:
+                next_logits = self._forward(
+                    tokens[:, col : col + 1],
+                    positions,
+                    mask[:, : col + 1],
+                    col,
+                    None if routing is None else routing[:, :, col : col + 1],
+                )
+            else:
+                step_routing = None if routing is None else self._routing_buffer(b, col + 1)
+                next_logits = self._forward(
+                    tokens[:, : col + 1],
+                    positions_from_mask(mask[:, : col + 1]),
+                    mask[:, : col + 1],
+                    None,
+                    step_routing,
+                )
+                if routing is not None:
+                    routing[:, :, col] = step_routing[:, :, col]
+            fed[:, col] = mask[:, col]
+
+        packed = None
+        if routing is not None:
+            packed = PackedRouting(
+                routing[:, :, :end].contiguous(), self.cfg.n_experts, fed[:, :end].clone()
+            )
+        return RolloutBatch(
+            tokens=tokens[:, :end].clone(),
+            attention_mask=mask[:, :end].clone(),
+            response_mask=response[:, :end].clone(),
+            logprobs=logprobs[:, :end].clone(),
+            routing=packed,
+            prompt_len=p,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _check_loaded(self) -> None:
+        if not self.loaded:
+            raise RuntimeError("call load_weights(model.state_dict()) before generating")
+
+    def _routing_buffer(self, batch: int, length: int) -> torch.Tensor | None:
+        n_moe = self.n_moe_layers
+        if not n_moe:
+            return None
+        return torch.zeros(
+            (n_moe, batch, length, self.cfg.top_k),
+            dtype=index_dtype(self.cfg.n_experts),
+            device=self.device,
+        )
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """logprob[b, t] = log p(tokens[b, t] | tokens[b, :t]) from logits at t - 1.
+
+    logits: (B, T, V); tokens, mask: (B, T). 0 where t or t - 1 is not a real
+    token (the first real token, pads). fp32.
+    """
+    logp = scaled_logprobs(logits[:, :-1], temperature)
+    picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    valid = mask[:, 1:] & mask[:, :-1]
+    out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    out[:, 1:] = picked * valid
+    return out

@@ -1,0 +1,39 @@
+"""Batched next-token sampling: temperature, nucleus (top-p), seeded generator."""
+
+from __future__ import annotations
+
+import torch
+
+
+def scaled_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 log-softmax of logits / temperature (greedy, temperature 0, uses 1).
+
+    These are the log-probs of the distribution actually sampled from, so the
+    training side must score tokens with the same temperature.
+    """
+    t = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.float() / t, dim=-1)
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens with mass >= top_p
+    (Holtzman et al. 2019); the most likely token is always kept. (B, V)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def sample_next(
+    logprobs: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """logprobs: (B, V) from ``scaled_logprobs``. Returns (B,) token ids."""
+    if temperature <= 0:
+        return logprobs.argmax(dim=-1)
+    probs = top_p_filter(logprobs.exp(), top_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

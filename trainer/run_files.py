@@ -1,0 +1,78 @@
+"""The run folder's files (DESIGN.md 3.2): config.json, metrics.jsonl, summary.json.
+
+metrics.jsonl gets one JSON object per step, flushed as it is written so a
+platform worker can tail it. On resume, lines past the checkpoint's step are
+dropped first: a resumed run never writes a step twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every reader can parse the line."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class MetricsWriter:
+    """Appends one line per step to RUN_DIR/metrics.jsonl."""
+
+    def __init__(self, run_dir: Path, resume_from_step: int | None = None):
+        self.path = run_dir / METRICS_FILE
+        if resume_from_step is not None and self.path.exists():
+            self.truncate_after(resume_from_step)
+        elif resume_from_step is None and self.path.exists():
+            self.path.unlink()
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def truncate_after(self, last_kept_step: int) -> None:
+        """Keep only lines with step <= last_kept_step (and drop a torn last line)."""
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("step", -1) <= last_kept_step:
+                kept.append(line)
+        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
