@@ -97,7 +97,9 @@ class Dispatch:
 def expert_matmul(x: torch.Tensor, w: torch.Tensor, dispatch: Dispatch, backend: str):
     """Grouped matmul: x (M, K) sorted by expert, w (E, K, Nout) -> (M, Nout)."""
     if backend == "grouped_mm":
-        return _ContiguousGrad.apply(_grouped_mm(x, w, offs=dispatch.offsets))
+        out = _grouped_mm(x, w, offs=dispatch.offsets)
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+        return _ContiguousGrad.apply(out) if needs_grad else out
     segments = x.split(dispatch.counts.tolist())
     return torch.cat([seg @ w[e] for e, seg in enumerate(segments)])
 

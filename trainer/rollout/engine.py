@@ -242,7 +242,7 @@ class RolloutEngine:
                 cache[0][i, :, :, cache_start:end] = k
                 cache[1][i, :, :, cache_start:end] = v
                 k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
-            y = num.round(F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d))
+            y = num.round(_attention(q, k, v, mask4d))
             x = num.round(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
 
             h = num.round(rms_norm(x, layer.ffn_norm, self.cfg.norm_eps))
@@ -394,6 +394,16 @@ class RolloutEngine:
             dtype=index_dtype(self.cfg.n_experts),
             device=self.device,
         )
+
+
+def _attention(q, k, v, mask4d):
+    """Softmax attention. One query per row (decode) is done by hand: for a
+    single query SDPA's blocked CPU kernel costs more than three small ops."""
+    if q.shape[2] > 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    weights = scores.float().masked_fill(~mask4d, float("-inf")).softmax(-1)
+    return weights.to(v.dtype) @ v
 
 
 def prompt_logprobs(
