@@ -330,6 +330,13 @@ class StabilizersConfig(Section):
     noisy_gating: bool = Field(
         False, description="Noisy top-k gating (learned softplus noise scale, training only)."
     )
+    noisy_gating_init_std: float = Field(
+        0.1,
+        gt=0,
+        le=10.0,
+        description="Initial noise std of noisy gating, in units of the router logits / T "
+        "(a trained tiny router's top-2 gaps are of order 0.1-1).",
+    )
     per_expert_grad_clip: float = Field(
         0.0, ge=0.0, description="Clip each expert's gradient norm on its own; 0 = off, e.g. 1."
     )

@@ -95,6 +95,25 @@ _PRESETS: list[Preset] = [
         base="moe-grpo",
     ),
     Preset(
+        "moe-grpo-r3-warmup",
+        "Tiny MoE GRPO with R3; over the first 20 steps a share of (token, layer) pairs "
+        "(10% at step 0, shrinking linearly to 0) keeps the training router's own choice.",
+        {
+            "stabilizers": {
+                "routing_replay": "r3",
+                "replay_warmup_steps": 20,
+                "replay_warmup_keep_frac": 0.1,
+            }
+        },
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-r3-rle",
+        "Tiny MoE GRPO with R3, routing shipped run-length encoded (storage comparison).",
+        {"stabilizers": {"routing_replay": "r3", "replay_compression": "rle"}},
+        base="moe-grpo",
+    ),
+    Preset(
         "moe-grpo-r2",
         "Tiny MoE GRPO replaying the old policy's routing (R2).",
         {"stabilizers": {"routing_replay": "r2"}},
@@ -125,9 +144,113 @@ _PRESETS: list[Preset] = [
         base="moe-grpo",
     ),
     Preset(
+        "moe-grpo-mis",
+        "Tiny MoE GRPO masking sequences whose geometric-mean ratio leaves [0.5, 2] (MIS).",
+        {"stabilizers": {"is_correction": "mis"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-icepop",
+        "Tiny MoE GRPO with IcePop: tokens with ratio outside [0.5, 5] get zero weight.",
+        {"stabilizers": {"is_correction": "icepop"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-auxloss",
+        "Tiny MoE GRPO with the Switch load-balancing loss (alpha 0.01, whole batch).",
+        {"stabilizers": {"aux_loss_coef": 0.01}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-auxloss-seq",
+        "Tiny MoE GRPO with the per-sequence Switch load-balancing loss (alpha 0.01).",
+        {"stabilizers": {"aux_loss_coef": 0.01, "aux_loss_scope": "sequence"}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-zloss",
+        "Tiny MoE GRPO with the ST-MoE router z-loss (1e-3).",
+        {"stabilizers": {"z_loss_coef": 1e-3}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-auxfree",
+        "Tiny MoE GRPO with DeepSeek-V3 auxiliary-loss-free balancing (selection bias, u=1e-3).",
+        {"stabilizers": {"aux_free_bias": True, "aux_free_bias_rate": 1e-3}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-router-kl",
+        "Tiny MoE GRPO with the router-anchoring KL to the last 4 steps' routing (0.1).",
+        {"stabilizers": {"router_kl_coef": 0.1, "router_kl_buffer_steps": 4}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-lb",
+        "Tiny MoE GRPO with aux + z loss, no surgery (the control for moe-grpo-lb-surgery).",
+        {"stabilizers": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3}},
+        base="moe-grpo",
+    ),
+    Preset(
         "moe-grpo-lb-surgery",
         "Tiny MoE GRPO with aux + z loss and PCGrad surgery against the policy gradient.",
         {"stabilizers": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3, "gradient_surgery": True}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-lb-surgery-all",
+        "As moe-grpo-lb-surgery, with surgery on every parameter the losses share.",
+        {"stabilizers": {"surgery_scope": "all"}},
+        base="moe-grpo-lb-surgery",
+    ),
+    Preset(
+        "moe-grpo-temperature",
+        "Tiny MoE GRPO with the router temperature controller, checking every 10 steps "
+        "(the default 1000 scaled to a 50-step run).",
+        {"stabilizers": {"router_temperature": {"enabled": True, "interval": 10}}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-noisy",
+        "Tiny MoE GRPO with noisy top-k gating (learned softplus scale, training only).",
+        {"stabilizers": {"noisy_gating": True}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-noisy-temperature",
+        "Noisy gating with the temperature controller: the one setting where the "
+        "temperature changes selection.",
+        {
+            "stabilizers": {
+                "noisy_gating": True,
+                "router_temperature": {"enabled": True, "interval": 10},
+            }
+        },
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-expert-clip",
+        "Tiny MoE GRPO clipping each expert's gradient norm to 1 before the global clip.",
+        {"stabilizers": {"per_expert_grad_clip": 1.0}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-router-lr",
+        "Tiny MoE GRPO with the router learning rate scaled by 0.1 (experts unchanged).",
+        {"stabilizers": {"router_lr_scale": 0.1}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-ema-adv",
+        "Tiny MoE GRPO with EMA-smoothed reward normalisation (decay 0.99) before grouping.",
+        {"algorithm": {"advantage": {"ema_decay": 0.99}}},
+        base="moe-grpo",
+    ),
+    Preset(
+        "moe-grpo-expert-zscore",
+        "Tiny MoE GRPO with advantages z-scored within groups sharing the dominant expert "
+        "of MoE layer 0.",
+        {"algorithm": {"advantage": {"expert_zscore": True, "expert_zscore_layer": 0}}},
         base="moe-grpo",
     ),
     Preset(

@@ -9,7 +9,8 @@ One step:
                  tokens, routing inconsistency) and expert load
   4. advantage - GRPO/GSPO group-normalised, PPO GAE on a value head
   5. update    - several minibatches x epochs (off-policy), clipped objective,
-                 k3 KL to the frozen reference, entropy bonus, routing losses
+                 k3 KL to the frozen reference, entropy bonus, routing losses;
+                 then the routing controllers (aux-free bias, temperature)
   6. record    - metrics.jsonl line, collapse check, eval, checkpoint
 
 SIGTERM finishes the current step, checkpoints and ends with status cancelled.
@@ -138,6 +139,8 @@ def _train(cfg, run_dir, resume, stop_after, stop, progress, log, t_start) -> di
         "sample": torch.Generator(device=device).manual_seed(cfg.run.seed),
         "shuffle": torch.Generator().manual_seed(cfg.run.seed + 1),
     }
+    # Builds the run's Stabilizers too (after the reference copy: noisy gating adds
+    # noise-scale parameters to the policy's routers, never to the frozen reference).
     updater = PolicyUpdater(cfg, policy, reference, generators["shuffle"])
     collapse = CollapseDetector(cfg.run.collapse)
     state = RunState(initial_accuracy=base.accuracy)
@@ -262,16 +265,22 @@ def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, devic
     correct = torch.tensor(
         [float(task.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)]
     )
-    data = RolloutData.from_rollout(rollout, rewards.to(device))
+    # The engine's routing travels bit-packed (stabilizers.replay_compression).
+    data = RolloutData.from_rollout(rollout, rewards.to(device), cfg.stabilizers.replay_compression)
 
-    # 3. measure: one training forward on the rollout tokens, before any update.
-    metrics = measure_batch(cfg, policy, updater, data, step)
+    # 3. measure: one training forward on the rollout tokens, before any update
+    #    (R3 replays the engine's routing there; the step's replay mask comes first).
+    stabilizers = updater.stabilizers
+    metrics = stabilizers.begin_step(step, data)
+    metrics.update(measure_batch(cfg, policy, updater, data, step))
     t_measure = time.perf_counter()
 
-    # 4-5. advantages and the off-policy update.
+    # 4-5. advantages and the off-policy update, then the routing controllers
+    #      (aux-free bias, router-anchor buffer, temperature) act on the step's loads.
     lr = lr_at(step, cfg.run.steps, cfg.optim)
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
     metrics.update(updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
+    stabilizers.end_step(step)
     t_train = time.perf_counter()
 
     n_response_tokens = int(rollout.response_mask.sum())

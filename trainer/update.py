@@ -6,6 +6,10 @@ training-inference mismatch the study is about (the rollout engine's log-probs
 and routing against the training engine's). ``PolicyUpdater.update`` then
 takes several minibatch steps (x epochs) on the same batch, which is the
 off-policy setting in which MoE instability shows.
+
+The stabilizers (routing replay, balance losses, surgery, per-expert clipping,
+controllers) live in ``trainer.stabilizers.loop.Stabilizers``; this module only
+calls them at their places in the forward/backward.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from trainer.algorithms.losses import (
 from trainer.config import ExperimentConfig
 from trainer.measure import expert_stats, mismatch_stats, routing_mismatch
 from trainer.model import TransformerLM
+from trainer.stabilizers.loop import Stabilizers, is_expert_param, is_router_param, ship_routing
 
 
 @dataclass
@@ -51,6 +56,8 @@ class RolloutData:
     rollout_routing: list[torch.Tensor] | None  # per MoE layer (B, T, k), rollout engine
     routing_mask: torch.Tensor | None  # True where the engine recorded routing
     routing_bytes_per_token_layer: float | None = None
+    # R3: per MoE layer (B, T), True = replay the engine's routing (Stabilizers.begin_step)
+    replay_mask: list[torch.Tensor] | None = None
     # Filled by measure_batch:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
@@ -59,43 +66,26 @@ class RolloutData:
     extras: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_rollout(cls, rollout, rewards: torch.Tensor) -> RolloutData:
+    def from_rollout(cls, rollout, rewards: torch.Tensor, compression: str = "none") -> RolloutData:
+        """The engine's routing arrives bit-packed with ``compression`` and is unpacked."""
         routing = rollout.routing
+        shipped = ship_routing(routing, compression) if routing is not None else None
         return cls(
             tokens=rollout.tokens,
             attention_mask=rollout.attention_mask,
             response_mask=rollout.response_mask,
             rollout_logp=rollout.logprobs,
             rewards=rewards,
-            rollout_routing=routing.unpack() if routing is not None else None,
-            routing_mask=routing.routing_mask if routing is not None else None,
+            rollout_routing=shipped.indices if shipped is not None else None,
+            routing_mask=shipped.mask if shipped is not None else None,
             routing_bytes_per_token_layer=(
-                routing.bytes_per_token_layer if routing is not None else None
+                shipped.bytes_per_token_layer if shipped is not None else None
             ),
         )
 
     @property
     def batch_size(self) -> int:
         return self.tokens.shape[0]
-
-
-def replay_override(
-    cfg: ExperimentConfig, data: RolloutData, rows: torch.Tensor | slice = slice(None)
-) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
-    """Routing to replay in a training forward, or (None, None) without replay.
-
-    R3 replays the rollout engine's routing (arXiv 2510.11370) on every token
-    the engine saw; R2 replays the old policy's training routing (GSPO's
-    routing replay), which fixes drift between minibatches, not the engine gap.
-    """
-    mode = cfg.stabilizers.routing_replay
-    if mode == "r3" and data.rollout_routing is not None:
-        mask = data.routing_mask[rows] & data.attention_mask[rows]
-        return [idx[rows] for idx in data.rollout_routing], [mask] * len(data.rollout_routing)
-    if mode == "r2" and data.old_routing is not None:
-        mask = data.attention_mask[rows]
-        return [idx[rows] for idx in data.old_routing], [mask] * len(data.old_routing)
-    return None, None
 
 
 @torch.no_grad()
@@ -106,13 +96,15 @@ def measure_batch(
     data: RolloutData,
     step: int,
 ) -> dict[str, Any]:
-    """Old log-probs, reference log-probs, values and the mismatch metrics."""
+    """Old log-probs, reference log-probs, values and the mismatch metrics.
+
+    Call ``updater.stabilizers.begin_step`` first (it draws the step's R3 mask).
+    Eval mode: no noisy gating here, the old policy is the deterministic router.
+    """
     policy.eval()
     is_moe = cfg.model.is_moe
-    # R3 applies to the old-log-prob recompute too; R2's old routing is this forward's own.
-    override, override_mask = (
-        replay_override(cfg, data) if cfg.stabilizers.routing_replay == "r3" else (None, None)
-    )
+    stabilizers = updater.stabilizers
+    override, override_mask = stabilizers.routing_for_measure(data)
     out = policy(
         data.tokens,
         attention_mask=data.attention_mask,
@@ -129,6 +121,7 @@ def measure_batch(
 
     if is_moe and out.routing is not None:
         data.old_routing = [r.natural_indices for r in out.routing]
+        stabilizers.observe(out.routing, data.attention_mask)
         seen = data.attention_mask
         if data.rollout_routing is not None:
             seen = seen & data.routing_mask
@@ -166,11 +159,15 @@ class PolicyUpdater:
         policy: TransformerLM,
         reference: TransformerLM | None,
         shuffle_generator: torch.Generator,
+        stabilizers: Stabilizers | None = None,
     ):
         self.cfg = cfg
         self.policy = policy
         self.reference = reference
         self.shuffle_generator = shuffle_generator
+        # Built before the optimiser: noisy gating adds the routers' noise-scale parameters.
+        device = next(policy.parameters()).device
+        self.stabilizers = stabilizers or Stabilizers(cfg, policy, device)
         self.optimizer = torch.optim.AdamW(
             self._param_groups(),
             lr=cfg.optim.lr,
@@ -184,9 +181,9 @@ class PolicyUpdater:
         st = self.cfg.stabilizers
         groups: dict[str, list[torch.nn.Parameter]] = {"expert": [], "router": [], "other": []}
         for name, param in self.policy.named_parameters():
-            if ".router." in name:
+            if is_router_param(name):
                 groups["router"].append(param)
-            elif ".experts." in name:
+            elif is_expert_param(name):
                 groups["expert"].append(param)
             else:
                 groups["other"].append(param)
@@ -284,12 +281,14 @@ class PolicyUpdater:
         algo = cfg.algorithm
         tokens = data.tokens[rows]
         mask = data.response_mask[rows]
-        override, override_mask = replay_override(cfg, data, rows)
+        stabilizers = self.stabilizers
+        override, override_mask = stabilizers.routing_for_update(data, rows)
         out = self.policy(
             tokens,
             attention_mask=data.attention_mask[rows],
             routing_override=override,
             override_mask=override_mask,
+            return_routing=stabilizers.needs_routing,
         )
         logp = gather_logprobs(out.logits / cfg.rollout.temperature, tokens)
         old_logp = data.old_logp[rows]
@@ -325,13 +324,18 @@ class PolicyUpdater:
             )
             loss = loss + algo.value_coef * v_loss
             stats[K.VALUE_LOSS] = v_loss.item()
+        # Balance losses (aux, z, router KL) on the routers; kept apart for surgery.
+        routing_loss, lb_stats = stabilizers.routing_loss(out.routing, data.attention_mask[rows])
+        stats.update(lb_stats)
 
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        stats.update(stabilizers.backward(loss, routing_loss))
+        stabilizers.clip_experts()  # each expert on its own, before the global clip
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
+        total_loss = loss + routing_loss.detach()
+        finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
         if finite:
             self.optimizer.step()
         else:
@@ -347,11 +351,13 @@ class PolicyUpdater:
         return {
             "optimizer": self.optimizer.state_dict(),
             "reward_normalizer": self.reward_normalizer.state_dict(),
+            "stabilizers": self.stabilizers.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.reward_normalizer.load_state_dict(state["reward_normalizer"])
+        self.stabilizers.load_state_dict(state["stabilizers"])
 
 
 def _last_true_index(mask: torch.Tensor) -> torch.Tensor:

@@ -79,9 +79,37 @@ def test_same_seed_same_metrics(tmp_path):
     assert _comparable(read_metrics(tmp_path / "a")) == _comparable(read_metrics(tmp_path / "b"))
 
 
-@pytest.mark.parametrize("preset", ["moe-grpo", "moe-ppo"])
-def test_resume_gives_the_same_stream_as_straight(tmp_path, preset):
-    cfg = fast_config(preset)
+# Every stabilizer with state on at once (R3 rather than R2: they are exclusive), with
+# the warm-up and the controllers acting across the resume point at step 2.
+ALL_STABILIZERS = [
+    "stabilizers.routing_replay=r3",
+    "stabilizers.replay_warmup_steps=3",
+    "stabilizers.replay_compression=rle",
+    "stabilizers.aux_loss_coef=0.01",
+    "stabilizers.aux_loss_scope=sequence",
+    "stabilizers.z_loss_coef=0.001",
+    "stabilizers.aux_free_bias=true",
+    "stabilizers.router_kl_coef=0.1",
+    "stabilizers.router_kl_buffer_steps=2",
+    "stabilizers.gradient_surgery=true",
+    "stabilizers.router_temperature.enabled=true",
+    "stabilizers.router_temperature.interval=1",
+    "stabilizers.noisy_gating=true",
+    "stabilizers.per_expert_grad_clip=1.0",
+    "stabilizers.router_lr_scale=0.5",
+    "stabilizers.is_correction=tis",
+    "algorithm.advantage.ema_decay=0.99",
+    "algorithm.advantage.expert_zscore=true",
+]
+
+
+@pytest.mark.parametrize(
+    "preset, extra",
+    [("moe-grpo", []), ("moe-ppo", []), ("moe-grpo", ALL_STABILIZERS)],
+    ids=["moe-grpo", "moe-ppo", "all-stabilizers"],
+)
+def test_resume_gives_the_same_stream_as_straight(tmp_path, preset, extra):
+    cfg = fast_config(preset, extra)
     train(cfg, tmp_path / "straight")
     first = train(cfg, tmp_path / "resumed", stop_after=2)
     assert first["status"] == "stopped" and first["steps"] == 2
@@ -91,6 +119,11 @@ def test_resume_gives_the_same_stream_as_straight(tmp_path, preset):
     resumed = _comparable(read_metrics(tmp_path / "resumed"))
     assert [r["step"] for r in resumed] == [0, 1, 2, 3]
     assert resumed == straight
+    if extra:  # the stabilizers really ran
+        for key in (K.R3_REPLAYED_FRAC, K.LB_AUX_LOSS, K.LB_Z_LOSS, K.LB_ROUTER_KL,
+                    K.GRADS_COS_POLICY_AUX, K.TIS_CLIP_FRAC):  # fmt: skip
+            assert key in straight[-1], key
+        assert straight[-1][K.ROUTER_TEMPERATURE] != 1.0
 
 
 def _cli(*args: str, env=None, **kw) -> subprocess.CompletedProcess:

@@ -15,7 +15,9 @@ from top-k-zeroed probabilities, so under routing replay (R3, arXiv
 Hooks for balancing stabilizers: ``Router.selection_bias`` is added to the
 scores for SELECTION only (DeepSeek-V3 auxiliary-loss-free balancing, arXiv
 2412.19437), and ``Router.selection_scores`` is the one place where noisy
-top-k gating (Shazeer et al. 2017) would add its noise.
+top-k gating (Shazeer et al. 2017) adds its noise: only once
+``enable_noise`` was called, only in training mode, and only to the scores
+the top-k ranks (never to the probabilities the gates are gathered from).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 
 from trainer.model.dispatch import experts_swiglu
 from trainer.model.layers import SwiGLU
+from trainer.stabilizers.temperature import NoiseScale, noisy_topk_logits
 
 
 @dataclass
@@ -68,6 +71,19 @@ class Router(nn.Module):
         # Persistent so checkpoints and the rollout engine's weight sync carry them.
         self.register_buffer("selection_bias", torch.zeros(n_experts))
         self.register_buffer("temperature", torch.ones(()))
+        # Noisy top-k gating, off until ``enable_noise``.
+        self.noise: NoiseScale | None = None
+        self.noise_generator: torch.Generator | None = None
+
+    def enable_noise(self, init_std: float, generator: torch.Generator | None = None) -> None:
+        """Add a learned softplus noise scale (E,) to the selection scores in training.
+
+        ``generator`` draws the noise (deterministic runs keep it in the checkpoint).
+        The scale is a parameter (``noise.raw``) but, used for selection only, it
+        receives no gradient and stays at ``init_std`` (trainer.stabilizers.temperature).
+        """
+        self.noise = NoiseScale(self.n_experts, init_std).to(self.weight.device)
+        self.noise_generator = generator
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (N, D) -> (N, E) fp32 logits / temperature."""
@@ -75,8 +91,12 @@ class Router(nn.Module):
             return F.linear(x.float(), self.weight.float()) / self.temperature
 
     def selection_scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """Scores the top-k selection ranks: logits + per-expert bias (selection only)."""
-        return logits + self.selection_bias
+        """Scores the top-k selection ranks: logits + per-expert bias (selection only),
+        plus Gaussian noise of the learned scale in training mode when noise is enabled."""
+        scores = logits + self.selection_bias
+        if self.noise is not None and self.training:
+            scores = noisy_topk_logits(scores, self.noise(), self.noise_generator)
+        return scores
 
     def forward(self, x: torch.Tensor):
         """x: (N, D) -> logits (N, E), probs (N, E), natural top-k indices (N, k)."""

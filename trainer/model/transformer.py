@@ -109,6 +109,11 @@ class TransformerLM(nn.Module):
         for layer in self.moe_layers:
             layer.router.temperature.fill_(temperature)
 
+    def enable_noisy_gating(self, init_std: float, generator: torch.Generator | None) -> None:
+        """Noisy top-k selection in every router (training mode only; ``Router.enable_noise``)."""
+        for layer in self.moe_layers:
+            layer.router.enable_noise(init_std, generator)
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,
