@@ -91,6 +91,7 @@ def _run(steps: int) -> dict:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
+
     from experiments.services import create_experiment
     from jobs.tailer import MetricsTail
     from runs import queries, services

@@ -51,8 +51,9 @@ def main() -> None:
     django.setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from jobs import launch
     from rest_framework.test import APIClient
+
+    from jobs import launch
     from runs.configs import resolve_config
     from runs.models import Run
 

@@ -51,6 +51,7 @@ def main() -> None:
     django.setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
+
     from experiments.services import create_experiment
     from jobs import launch
     from runs.models import Run

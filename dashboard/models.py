@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
+
 from experiments.models import Experiment
 from runs.models import Run
 

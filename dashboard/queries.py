@@ -14,15 +14,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
-from experiments.models import Experiment
-from runs.models import Run
-from runs.queries import last_metric_steps, metric_series_many
 
 from dashboard.aggregate import Series
 from dashboard.figures import CollapseMarker
 from dashboard.models import BaselinePin, Verdict
 from dashboard.stability import RunStats
 from dashboard.survival import RunOutcome
+from experiments.models import Experiment
+from runs.models import Run
+from runs.queries import last_metric_steps, metric_series_many
 from trainer import metric_keys as mk
 
 LOG_TAIL_BYTES = 16 * 1024

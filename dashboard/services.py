@@ -10,9 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.db import transaction
-from experiments.models import Experiment
-from runs import services as run_services
-from runs.models import Comment, Run
 
 from dashboard.models import (
     BaselinePin,
@@ -21,6 +18,9 @@ from dashboard.models import (
     Verdict,
     VerdictLabel,
 )
+from experiments.models import Experiment
+from runs import services as run_services
+from runs.models import Comment, Run
 from trainer.config import ConfigError
 
 MAX_COMMENT_CHARS = 10000

@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--set", dest="overrides", action="append", default=[])
 
     demo = sub.add_parser("demo", help="short dense vs MoE comparison with a printed table")
-    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--out", default="var/demo")
     demo.add_argument("--steps", type=int, default=20)
 
     study = sub.add_parser("study", help="run a stability study definition")

@@ -15,8 +15,6 @@ from functools import wraps
 import plotly.graph_objects as go
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
-from experiments.models import Experiment, Sweep
-from runs.models import Run
 
 from dashboard import queries as q
 from dashboard.charts import Window, layer_heatmap, run_lines, variant_bands
@@ -26,6 +24,8 @@ from dashboard.stability import stability_table_rows
 from dashboard.style import assign_colors
 from dashboard.views import params
 from dashboard.views.params import BadParameter
+from experiments.models import Experiment, Sweep
+from runs.models import Run
 from trainer import metric_keys as mk
 
 STABILITY_CHARTS = ("collapse", "survival")

@@ -20,9 +20,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.html import escape
-from experiments.models import Experiment, Sweep
-from runs.models import Run, RunStatus
-from runs.queries import eta_seconds, queue_position
 
 from dashboard import queries as q
 from dashboard import services
@@ -42,6 +39,9 @@ from dashboard.style import BASELINE_COLOR, assign_colors, metric_title
 from dashboard.views import params
 from dashboard.views.endpoints import stability_runs
 from dashboard.views.params import BadParameter
+from experiments.models import Experiment, Sweep
+from runs.models import Run, RunStatus
+from runs.queries import eta_seconds, queue_position
 from trainer.config import ConfigError
 
 RUNS_PER_PAGE = 50

@@ -10,11 +10,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
-from experiments.models import Experiment
-from runs.models import Run
 
 from dashboard import services
 from dashboard.models import SavedComparison, Verdict
+from experiments.models import Experiment
+from runs.models import Run
 from trainer.config import ConfigError
 
 

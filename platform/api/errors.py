@@ -13,8 +13,8 @@ from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
-from runs.services import InvalidState, NotAllowed
 
+from runs.services import InvalidState, NotAllowed
 from trainer.config import ConfigError
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
-from experiments.models import Experiment, Sweep
 from rest_framework import serializers
+
+from experiments.models import Experiment, Sweep
 from runs.models import Comment, Run
 from runs.queries import eta_seconds, queue_position
 

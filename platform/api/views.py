@@ -7,20 +7,20 @@ import re
 from django.conf import settings
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from experiments.models import Experiment
-from experiments.services import create_experiment
-from jobs.health import health
-from jobs.models import Worker
 from rest_framework import generics, status
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from api import serializers as s
+from experiments.models import Experiment
+from experiments.services import create_experiment
+from jobs.health import health
+from jobs.models import Worker
 from runs import queries
 from runs import services as run_services
 from runs.configs import resolve_config
 from runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
-
-from api import serializers as s
 from trainer.config import ConfigError, json_schema
 from trainer.presets import list_presets, preset_dict
 

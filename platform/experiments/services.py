@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
-from runs.configs import Overrides, resolve_config
 
 from experiments.models import Experiment
+from runs.configs import Overrides, resolve_config
 from trainer.config import ConfigError
 
 

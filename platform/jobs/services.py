@@ -16,10 +16,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from runs.models import Run, RunStatus
 
 from jobs.dispatch import new_task_id, send_run_on_commit
 from jobs.models import Worker
+from runs.models import Run, RunStatus
 
 log = logging.getLogger("jobs")
 

@@ -27,13 +27,13 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
-from runs import services as run_services
-from runs.models import Run, RunStatus
 
 from jobs import services as job_services
 from jobs.childproc import kill_group, tied_to_this_process
 from jobs.dispatch import new_task_id, send_run_on_commit
 from jobs.tailer import MetricsTail
+from runs import services as run_services
+from runs.models import Run, RunStatus
 
 log = logging.getLogger("jobs")
 

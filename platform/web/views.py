@@ -12,6 +12,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseForbidden, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
+
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from jobs.models import Worker
@@ -19,7 +20,6 @@ from runs import services
 from runs.configs import resolve_config
 from runs.models import ACTIVE_STATUSES, Run
 from runs.queries import eta_seconds, queue_position
-
 from trainer.config import ConfigError
 from trainer.presets import list_presets, preset_dict
 from web import schema_form

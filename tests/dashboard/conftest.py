@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+
 from experiments.services import create_experiment
 from runs import services as run_services
 from runs.models import Run, RunStatus

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from runs.models import RunStatus
 
+from runs.models import RunStatus
 from tests.dashboard.conftest import payload_traces, records
 
 N_STEPS = 5000

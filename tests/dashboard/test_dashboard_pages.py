@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from experiments.services import create_experiment
 from runs import services as run_services
 from runs.models import Run, RunStatus
-
 from tests.dashboard.conftest import records
 
 PAGES = [

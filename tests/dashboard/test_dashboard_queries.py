@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from runs.models import RunStatus
 
 from dashboard import services
+from runs.models import RunStatus
 from tests.dashboard.conftest import records
 
 

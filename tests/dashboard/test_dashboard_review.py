@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from runs.models import Comment
 
 from dashboard.models import BaselinePin, ComparisonComment, SavedComparison, Verdict
+from runs.models import Comment
 from tests.dashboard.conftest import payload_traces, records
 
 XSS = '<script>alert("x")</script>\nsecond line & more'

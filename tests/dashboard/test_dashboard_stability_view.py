@@ -7,8 +7,8 @@ import io
 import re
 
 import pytest
-from runs.models import RunStatus
 
+from runs.models import RunStatus
 from tests.dashboard.conftest import payload_traces, records
 
 

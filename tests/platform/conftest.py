@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
-from experiments.services import create_experiment
 from rest_framework.test import APIClient
+
+from experiments.services import create_experiment
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
 from runs.models import Experiment, Run
 from runs.services import ingest_metrics
 

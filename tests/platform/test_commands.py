@@ -8,6 +8,7 @@ from io import StringIO
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+
 from runs.models import Run
 
 

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+
 from jobs import launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -6,12 +6,12 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+
 from jobs import services as jobs
 from runs import queries
 from runs import services as runs
 from runs.configs import resolve_config
 from runs.models import MetricStep, Run, RunStatus
-
 from trainer.config import ConfigError
 
 TINY = {"run.steps": 3, "warm_start.max_steps": 2, "rollout.prompts_per_step": 2}

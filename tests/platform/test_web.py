@@ -6,6 +6,7 @@ import json
 
 import pytest
 from django.test import Client
+
 from runs import services
 from runs.models import Run
 from web import schema_form

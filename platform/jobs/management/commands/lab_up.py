@@ -19,11 +19,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+
 from experiments.models import Experiment
 from experiments.services import create_experiment
-from runs.services import submit_run
-
 from jobs import launch
+from runs.services import submit_run
 
 COMPARISON_NAME = "Quick comparison: dense vs MoE vs MoE + R3"
 COMPARISON_PRESETS = ("dense-grpo", "moe-grpo", "moe-grpo-r3")
