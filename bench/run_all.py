@@ -1,0 +1,48 @@
+"""Run every benchmark in one go (``make bench``), each in its own process so
+one benchmark's threads and caches never colour the next one's numbers.
+Results land in bench/results/*.json; docs/benchmarks.md writes them up.
+
+    .venv/bin/python -m bench.run_all [--only NAME ...] [--skip NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+BENCHMARKS = (
+    "bench_moe_layer",  # MoE layer vs dense-active and transformers' Mixtral block
+    "bench_rollout",  # KV cache vs recompute vs transformers' generate()
+    "bench_routing_flips",  # bf16 vs fp32 routing disagreement
+    "bench_rl_step",  # one RL step broken down
+    "bench_r3_overhead",  # R3 step-time overhead, routing storage vs bound
+    "bench_downsample",  # dashboard chart data: time and payload
+    "bench_metric_storage",  # metric storage designs
+    "bench_queue_latency",  # submit -> trainer start on Redis
+    "bench_platform_tax",  # API + queue + worker vs bare CLI
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--skip", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    names = [b for b in BENCHMARKS if (args.only is None or b in args.only) and b not in args.skip]
+    failed = []
+    for name in names:
+        print(f"\n===== {name}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, "-m", f"bench.{name}"])
+        print(f"===== {name}: exit {rc} in {time.perf_counter() - t0:.0f}s", flush=True)
+        if rc:
+            failed.append(name)
+    if failed:
+        print("failed:", ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
