@@ -104,6 +104,11 @@ document.addEventListener('livechart:update', event => {
 }, true);
 """
 
+# A chart shows something: a trace with a drawn line segment or a marker.
+TRACE_DRAWN_JS = """el => Array.from(el.querySelectorAll('.scatterlayer .trace')).some(t =>
+  Array.from(t.querySelectorAll('path.js-line')).some(p => (p.getAttribute('d') || '').includes('L'))
+  || t.querySelectorAll('.point').length > 0)"""
+
 
 def chart_points(page: Page, chart_id: str) -> int:
     return page.locator(f"#{chart_id}").evaluate(CHART_POINTS_JS)
