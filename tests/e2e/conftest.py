@@ -14,12 +14,12 @@ LAB_UPDATE_DOCS_SCREENSHOTS=1 the representative ones are also copied into
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from browser_harness import CHROMIUM, BrowserGuard, launch_chromium
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
@@ -64,7 +64,11 @@ class Screenshots:
         page.screenshot(path=str(path))
         if docs and os.environ.get("LAB_UPDATE_DOCS_SCREENSHOTS") == "1":
             DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, DOCS_SCREENSHOTS / f"{name}.png")
+            # A 256-colour palette keeps the committed copies at a third of the size.
+            with Image.open(path) as image:
+                image.convert("RGB").quantize(256).save(
+                    DOCS_SCREENSHOTS / f"{name}.png", optimize=True
+                )
         return path
 
 

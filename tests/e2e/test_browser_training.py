@@ -157,7 +157,7 @@ def _watch_live_until_done(page: Page, lab, run_id: int, shots) -> None:
     shots.take(page, "run-finished")
     wait_all_charts_drawn(page)
     page.locator(".chart-section").first.scroll_into_view_if_needed()
-    shots.take(page, "run-page-charts", docs=True)
+    shots.take(page, "run-page-charts")
 
 
 def _comment_is_escaped(page: Page) -> None:
@@ -188,13 +188,13 @@ def _compare_review_and_save(page: Page, lab, run_id: int, shots) -> None:
     wait_all_charts_drawn(page)
     diff = page.locator("table.config-diff")
     expect(diff).to_contain_text("stabilizers.routing_replay")
-    shots.take(page, "compare", docs=True)
+    shots.take(page, "compare")
 
     page.get_by_role("link", name="Stability review of these runs").click()
     expect(page.get_by_role("heading", name="Stability review")).to_be_visible()
     expect(page.locator("table.stability tbody tr")).to_have_count(2)
     wait_all_charts_drawn(page)
-    shots.take(page, "stability", docs=True)
+    shots.take(page, "stability")
 
     page.go_back()
     wait_all_charts_drawn(page)
