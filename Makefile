@@ -21,6 +21,7 @@ up: $(STAMP)
 test: $(STAMP)
 	scripts/ensure-test-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	scripts/test-platform-postgres
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
