@@ -1,0 +1,118 @@
+"""Headless Debian chromium for the browser tests and the browser benchmark.
+
+Playwright cannot download its own browsers here, so this launches the system
+chromium with the flags that keep it quiet and local: no GPU, no sandbox (it
+runs as root in containers), no background, component-update, sync or QUIC
+traffic. ``launch()`` gives it a fresh temporary profile every time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+from playwright.sync_api import Browser, BrowserContext, Page, Route, sync_playwright
+
+CHROMIUM = os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+@contextmanager
+def launch_chromium() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class BrowserGuard:
+    """Watches one browser context: requests to any host but this machine are
+    aborted and recorded, console errors and uncaught page errors recorded.
+    ``assert_clean()`` fails if anything was."""
+
+    def __init__(self, context: BrowserContext):
+        self.context = context
+        self.external: list[str] = []
+        self.console_errors: list[str] = []
+        context.route("**/*", self._route)
+        context.on("console", self._console)
+        context.on("weberror", lambda error: self.console_errors.append(f"{error.error}"))
+
+    def _route(self, route: Route) -> None:
+        url = route.request.url
+        if url.startswith(("data:", "blob:")) or urlsplit(url).hostname in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            self.external.append(url)
+            route.abort()
+
+    def _console(self, message) -> None:
+        if message.type == "error":
+            self.console_errors.append(f"{message.text} ({message.location.get('url', '')})")
+
+    def new_page(self) -> Page:
+        return self.context.new_page()
+
+    def assert_clean(self) -> None:
+        assert not self.external, f"requests to other hosts: {self.external}"
+        assert not self.console_errors, f"browser console errors: {self.console_errors}"
+
+
+# --------------------------------------------------------------------------- live charts
+# Points drawn by a Plotly chart: the longest x of its traces (typed arrays
+# included, as plotly decodes them into _fullData), -1 before the first draw.
+CHART_POINTS_JS = """el => {
+  if (!el._fullData) return -1;
+  let n = 0;
+  for (const t of el._fullData) {
+    const x = t.x || t.y;
+    if (x && x.length > n) n = x.length;
+  }
+  return n;
+}"""
+
+# Every live chart of the page has been drawn at least once.
+ALL_CHARTS_DRAWN_JS = """() => {
+  const charts = Array.from(document.querySelectorAll('[data-live-chart]'));
+  return charts.length > 0 && charts.every(el => el._fullLayout && el.querySelector('.main-svg'));
+}"""
+
+# Installed before the page's scripts: records, per chart, the number of
+# points after every live update (live.js dispatches livechart:update on the
+# chart element; a capturing listener on the document sees it).
+RECORD_UPDATES_JS = """
+window.__chartUpdates = {};
+document.addEventListener('livechart:update', event => {
+  const el = event.target;
+  let n = 0;
+  for (const t of (el._fullData || [])) { const x = t.x || t.y; if (x && x.length > n) n = x.length; }
+  (window.__chartUpdates[el.id] = window.__chartUpdates[el.id] || []).push(n);
+}, true);
+"""
+
+# A chart shows something: a trace with a drawn line segment or a marker.
+TRACE_DRAWN_JS = """el => Array.from(el.querySelectorAll('.scatterlayer .trace')).some(t =>
+  Array.from(t.querySelectorAll('path.js-line')).some(p => (p.getAttribute('d') || '').includes('L'))
+  || t.querySelectorAll('.point').length > 0)"""
+
+
+def chart_points(page: Page, chart_id: str) -> int:
+    return page.locator(f"#{chart_id}").evaluate(CHART_POINTS_JS)
+
+
+def wait_all_charts_drawn(page: Page, timeout_ms: float = 60_000) -> None:
+    page.wait_for_function(ALL_CHARTS_DRAWN_JS, timeout=timeout_ms)

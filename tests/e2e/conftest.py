@@ -1,0 +1,77 @@
+"""Fixtures for the browser tests: Debian's headless chromium driven by Playwright.
+
+``playwright install`` cannot download browsers here, so the tests launch the
+system chromium (``scripts/ensure-test-deps`` installs it; LAB_CHROMIUM
+overrides the path). Every test gets a fresh browser context whose requests
+are intercepted: anything not addressed to this machine is aborted and fails
+the test, as does any console error or uncaught page error.
+
+Screenshots go to ``test-artifacts/e2e/`` (git-ignored). With
+LAB_UPDATE_DOCS_SCREENSHOTS=1 the representative ones are also copied into
+``docs/screenshots/`` for docs/dashboards.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser_harness import CHROMIUM, BrowserGuard, launch_chromium
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "e2e"
+DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless chromium per test session (a fresh temporary profile)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM}: run scripts/ensure-test-deps")
+    # Playwright's sync API keeps an asyncio loop in this thread; the tests use
+    # the ORM only to set up data, between browser calls, never inside them.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with launch_chromium() as browser:
+        yield browser
+
+
+@pytest.fixture
+def guard(chromium) -> Iterator[BrowserGuard]:
+    """A fresh context (own cookies) that fails the test on console errors,
+    page errors and requests to any other host."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(30_000)
+    watched = BrowserGuard(context)
+    try:
+        yield watched
+    finally:
+        context.close()
+    watched.assert_clean()
+
+
+class Screenshots:
+    """Viewport screenshots (1280x800 PNG) kept as test artifacts."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    def take(self, page, name: str, *, docs: bool = False) -> Path:
+        path = ARTIFACTS / f"{self.prefix}-{name}.png"
+        page.screenshot(path=str(path))
+        if docs and os.environ.get("LAB_UPDATE_DOCS_SCREENSHOTS") == "1":
+            DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            # A 256-colour palette keeps the committed copies at a third of the size.
+            with Image.open(path) as image:
+                image.convert("RGB").quantize(256).save(
+                    DOCS_SCREENSHOTS / f"{name}.png", optimize=True
+                )
+        return path
+
+
+@pytest.fixture
+def screenshots(request) -> Screenshots:
+    return Screenshots(request.module.__name__.removeprefix("test_"))
