@@ -112,6 +112,7 @@ def synthesize(n_runs: int, n_steps: int, metrics: tuple[str, ...], seed: int = 
     the way a worker stores them. Returns the run ids."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
+
     from experiments.services import create_experiment
     from runs import services
     from runs.models import Run, RunStatus

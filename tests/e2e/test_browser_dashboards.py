@@ -16,13 +16,13 @@ import re
 import pytest
 from browser_harness import TRACE_DRAWN_JS, chart_points, wait_all_charts_drawn
 from django.contrib.auth import get_user_model
-from experiments.services import create_experiment
 from playwright.sync_api import Page, expect
-from runs import services as run_services
-from runs.models import Run, RunStatus
 
 from dashboard import services as review
 from dashboard.models import VerdictLabel
+from experiments.services import create_experiment
+from runs import services as run_services
+from runs.models import Run, RunStatus
 from trainer import metric_keys as mk
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
