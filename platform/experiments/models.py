@@ -46,6 +46,12 @@ class Sweep(models.Model):
     grid = models.JSONField(default=dict)
     seeds = models.JSONField(default=list)
     queue = models.CharField(max_length=64)
+    study = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The stability-study definition (trainer/study.py) this sweep runs, "
+        "when it came from one: named variants x seeds instead of a grid.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

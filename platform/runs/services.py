@@ -21,6 +21,7 @@ from jobs.dispatch import new_task_id, send_run_on_commit
 from runs.configs import Overrides, resolve_config, strip_config_path
 from runs.models import Comment, MetricStep, Run, RunStatus
 from trainer.config import ConfigError, ExperimentConfig
+from trainer.study import StudyDefinition
 
 MAX_SWEEP_RUNS = 256
 
@@ -235,6 +236,47 @@ def create_sweep(
     for label, cfg in planned:
         create_run(
             owner=owner, experiment=experiment, config=cfg, queue=queue, variant=label, sweep=sweep
+        )
+    return sweep
+
+
+@transaction.atomic
+def create_study_sweep(
+    *,
+    owner,
+    experiment: Experiment,
+    definition: Mapping[str, Any],
+    queue: str | None = None,
+    overrides: Sequence[str] = (),
+) -> Sweep:
+    """Queue a stability study (trainer/study.py) as a sweep: one run per variant x seed.
+
+    The same definition that ``python -m trainer study`` runs; every config is
+    validated first (errors name ``variants.<name>.<field>``), so a bad study
+    stores nothing.
+    """
+    queue = check_queue(queue)
+    study = StudyDefinition.from_dict(dict(definition))
+    planned = [
+        (variant.name, study.config_for(variant, seed, list(overrides)))
+        for variant in study.variants
+        for seed in study.seeds
+    ]
+    if len(planned) > MAX_SWEEP_RUNS:
+        raise ConfigError([("variants", f"{len(planned)} runs; at most {MAX_SWEEP_RUNS}")])
+    sweep = Sweep.objects.create(
+        experiment=experiment,
+        owner=owner,
+        name=(study.name or "study")[:200],
+        base_config=planned[0][1].to_dict(),
+        grid={},
+        seeds=list(study.seeds),
+        queue=queue,
+        study=dict(definition),
+    )
+    for variant, cfg in planned:
+        create_run(
+            owner=owner, experiment=experiment, config=cfg, queue=queue, variant=variant, sweep=sweep
         )
     return sweep
 

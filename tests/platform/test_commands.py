@@ -79,3 +79,32 @@ def test_lab_user_prints_credentials(db):
     call_command("lab_user", "--username", "demo", "--password", "s3cret", stdout=out)
     assert "user demo  password s3cret  api token " in out.getvalue()
     assert get_user_model().objects.get(username="demo").check_password("s3cret")
+
+
+def test_submit_builtin_study_queues_every_variant_and_seed(admin):
+    out = _submit("--study", "quick", "--set", "run.steps=3")
+    runs = Run.objects.all()
+    assert "27 runs queued" in out and runs.count() == 27
+    sweep = runs.first().sweep
+    assert sweep.study["name"] == "quick" and sweep.seeds == [0, 1, 2]
+    variants = set(runs.values_list("variant", flat=True))
+    assert {"dense-grpo", "moe-grpo-r3", "moe-ppo"} <= variants and len(variants) == 9
+    r3 = runs.filter(variant="moe-grpo-r3", seed=1).get()
+    assert r3.config["stabilizers"]["routing_replay"] == "r3" and r3.total_steps == 3
+    assert runs.get(variant="dense-grpo", seed=0).config["model"]["n_experts"] == 0
+
+
+def test_submit_bad_study_names_the_variant_and_stores_nothing(admin, tmp_path):
+    path = tmp_path / "study.json"
+    path.write_text(
+        json.dumps(
+            {
+                "base": {"preset": "moe-grpo"},
+                "variants": [{"name": "big", "set": ["model.top_k=99"]}],
+            }
+        )
+    )
+    with pytest.raises(SystemExit) as info:
+        _submit("--study", str(path))
+    assert info.value.code == 2
+    assert not Run.objects.exists()

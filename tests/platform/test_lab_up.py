@@ -1,5 +1,5 @@
 """`make up` (manage.py lab_up): the embedded default starts, queues the
-comparison, serves the login page, and Ctrl-C stops every process."""
+quick stability study, serves the login page, and Ctrl-C stops every process."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_lab_up_starts_everything_and_ctrl_c_stops_it(tmp_path):
             break
     out = "".join(lines)
     assert f"is up: http://127.0.0.1:{port}/" in out, out
-    assert "login: demo / " in out and "queued 'Quick comparison" in out
+    assert "login: demo / " in out and "queued 'Stability study: quick': 27 runs" in out
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10).read()
     assert b"Log in" in page
     # Anonymous pages redirect to the login page.
@@ -61,4 +61,4 @@ def test_lab_up_starts_everything_and_ctrl_c_stops_it(tmp_path):
         launch.manage_command("shell", "-c", "from runs.models import Run; print(Run.objects.count())"),
         cwd=launch.ROOT, env=env, capture_output=True, text=True, check=True,
     ).stdout.strip().splitlines()[-1]  # fmt: skip
-    assert count == "3"
+    assert count == "27"

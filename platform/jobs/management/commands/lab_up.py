@@ -1,7 +1,8 @@
 """The embedded default, one command (`make up`): SQLite + filesystem broker.
 
 Migrates, prints a demo login, starts the web server, one CPU worker and the
-reconciler (Celery beat), queues a small comparison the first time, prints the
+reconciler (Celery beat), queues the quick stability study (trainer/studies/quick.json:
+9 variants x 3 seeds) the first time, prints the
 URL, and on Ctrl-C stops everything: the worker's shutdown makes a training
 run checkpoint and go back to the queue, so the next `make up` resumes it.
 """
@@ -23,10 +24,11 @@ from django.core.management.base import BaseCommand
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from jobs import launch
-from runs.services import submit_run
+from runs.management.commands.submit import study_definition_dict
+from runs.services import create_study_sweep
 
-COMPARISON_NAME = "Quick comparison: dense vs MoE vs MoE + R3"
-COMPARISON_PRESETS = ("dense-grpo", "moe-grpo", "moe-grpo-r3")
+STUDY = "quick"
+STUDY_EXPERIMENT = "Stability study: quick"
 STOP_GRACE_S = 60.0
 
 
@@ -36,16 +38,18 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--steps", type=int, default=30, help="steps per comparison run")
-        parser.add_argument("--no-comparison", action="store_true")
+        parser.add_argument(
+            "--steps", type=int, default=None, help="steps per study run (default: the study's)"
+        )
+        parser.add_argument("--no-study", action="store_true", help="queue nothing")
 
-    def handle(self, *args, host, port, steps, no_comparison, **opts):
+    def handle(self, *args, host, port, steps, no_study, **opts):
         var = Path(settings.VAR_DIR)
         var.mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0, interactive=False)
         username, password = self._demo_user(var)
-        if not no_comparison:
-            self._queue_comparison(steps)
+        if not no_study:
+            self._queue_study(steps)
 
         procs: list[tuple[str, subprocess.Popen]] = []
 
@@ -108,29 +112,28 @@ class Command(BaseCommand):
         user.save()
         return username, password
 
-    def _queue_comparison(self, steps: int) -> None:
-        if Experiment.objects.filter(name=COMPARISON_NAME).exists():
+    def _queue_study(self, steps: int | None) -> None:
+        if Experiment.objects.filter(name=STUDY_EXPERIMENT).exists():
             return
         owner = get_user_model().objects.get(username="demo")
+        definition = study_definition_dict(STUDY)
         experiment = create_experiment(
             owner=owner,
-            name=COMPARISON_NAME,
-            description="Same budget, three variants: a dense model, an MoE model, and the "
-            "MoE model with Rollout Routing Replay. Watch mismatch/routing_inconsistency "
-            "and reward/accuracy.",
-            tags=["demo"],
-            preset="moe-grpo",
+            name=STUDY_EXPERIMENT,
+            description=definition.get("description", ""),
+            tags=["study", "demo"],
         )
-        for preset in COMPARISON_PRESETS:
-            submit_run(
-                owner=owner,
-                experiment=experiment,
-                preset=preset,
-                overrides={"run.steps": steps},
-                queue=settings.LAB_DEFAULT_QUEUE,
-                variant=preset,
-            )
-        self.stdout.write(f"queued '{COMPARISON_NAME}': {len(COMPARISON_PRESETS)} runs")
+        sweep = create_study_sweep(
+            owner=owner,
+            experiment=experiment,
+            definition=definition,
+            queue=settings.LAB_DEFAULT_QUEUE,
+            overrides=[f"run.steps={steps}"] if steps else [],
+        )
+        self.stdout.write(
+            f"queued '{STUDY_EXPERIMENT}': {sweep.runs.count()} runs "
+            "(open Stability review on the experiment to compare the variants)"
+        )
 
     def _wait_for_web(self, url: str, procs) -> None:
         deadline = time.monotonic() + 60

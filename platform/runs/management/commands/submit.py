@@ -3,6 +3,7 @@
     python manage.py submit --preset moe-grpo --set run.steps=30 --queue cpu
     python manage.py submit --config cfg.json --experiment 3 --queue gpu-a100
     python manage.py submit --sweep sweep.json      # {"preset"|"base_config", "grid", "seeds"}
+    python manage.py submit --study quick           # a stability study: built-in name or STUDY.json
 
 A bad config prints the offending field paths and exits with code 2; nothing is stored.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib import resources
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
@@ -21,6 +23,7 @@ from experiments.services import create_experiment
 from runs import services
 from runs.configs import resolve_config
 from trainer.config import ConfigError
+from trainer.study import BUILTIN_STUDIES
 
 EXIT_BAD_CONFIG = 2
 
@@ -33,6 +36,7 @@ class Command(BaseCommand):
         source.add_argument("--config", help="JSON config file")
         source.add_argument("--preset", help="named preset (python -m trainer presets)")
         source.add_argument("--sweep", help="JSON sweep: preset|base_config, grid, seeds")
+        source.add_argument("--study", help="stability study: quick | full | STUDY.json")
         parser.add_argument("--set", dest="overrides", action="append", default=[])
         parser.add_argument("--queue", default=None)
         parser.add_argument("--priority", type=int, default=None)
@@ -45,6 +49,8 @@ class Command(BaseCommand):
             owner = self._owner(opts["user"])
             if opts["sweep"]:
                 self._sweep(owner, opts)
+            elif opts["study"]:
+                self._study(owner, opts)
             else:
                 self._run(owner, opts)
         except ConfigError as exc:
@@ -111,6 +117,29 @@ class Command(BaseCommand):
         )
         ids = list(sweep.runs.values_list("pk", flat=True))
         self.stdout.write(f"sweep {sweep.pk}: {len(ids)} runs queued: {ids}")
+
+
+    def _study(self, owner, opts):
+        definition = study_definition_dict(opts["study"])
+        experiment = self._experiment(
+            owner, opts["experiment"], f"Stability study: {definition.get('name', 'study')}"
+        )
+        sweep = services.create_study_sweep(
+            owner=owner,
+            experiment=experiment,
+            definition=definition,
+            queue=opts["queue"],
+            overrides=opts["overrides"],
+        )
+        ids = list(sweep.runs.values_list("pk", flat=True))
+        self.stdout.write(f"study sweep {sweep.pk}: {len(ids)} runs queued")
+
+
+def study_definition_dict(ref: str) -> dict:
+    """A built-in study name (quick, full) or a path to STUDY.json, as a dict."""
+    if ref in BUILTIN_STUDIES:
+        return json.loads(resources.files("trainer.studies").joinpath(f"{ref}.json").read_text())
+    return _read_json(ref, "--study")
 
 
 def _read_json(path: str, flag: str) -> dict:
