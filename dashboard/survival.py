@@ -17,12 +17,12 @@ variant look like one that collapses at the end of training, so:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-LOWER_BOUND_PREFIX = ">= "
+from trainer.collapse import LOWER_BOUND_PREFIX as LOWER_BOUND_PREFIX  # re-exported
+from trainer.collapse import CollapseSummary, summarize_collapses
 
 Event = tuple[int, bool]  # (step, collapsed): collapse step, or last step if censored
 
@@ -123,40 +123,17 @@ def censor_marks(events: Iterable[Event]) -> tuple[list[int], list[float]]:
 
 
 @dataclass(frozen=True)
-class CollapseSummary:
-    """A variant's collapse statistics over its seeds."""
+class VariantCollapse(CollapseSummary):
+    """trainer.collapse.CollapseSummary (the one censoring rule) named for its variant."""
 
-    variant: str
-    runs: int
-    collapsed: int
-    mean_step: float | None  # mean over seeds, censored runs at their last step
-    lower_bound: bool  # True when any run is censored: the true mean is >= mean_step
-
-    @property
-    def label(self) -> str:
-        """'812' when every seed collapsed, '>= 1500' when any seed is censored.
-
-        A lower bound is rounded down so that it stays a lower bound.
-        """
-        if self.mean_step is None:
-            return "-"
-        if self.lower_bound:
-            return f"{LOWER_BOUND_PREFIX}{math.floor(self.mean_step)}"
-        return f"{math.floor(self.mean_step + 0.5)}"  # half up, not to even
-
-    @property
-    def count_label(self) -> str:
-        return f"{self.collapsed}/{self.runs} collapsed"
+    variant: str = ""
 
 
 def summarize_outcomes(variant: str, outcomes: Sequence[RunOutcome | Event]) -> CollapseSummary:
     """Collapse summary of one variant's runs (RunOutcome or (step, collapsed) pairs)."""
     events = [o.event if isinstance(o, RunOutcome) else (int(o[0]), bool(o[1])) for o in outcomes]
-    if not events:
-        return CollapseSummary(variant, 0, 0, None, False)
-    collapsed = sum(1 for _, c in events if c)
-    mean_step = sum(step for step, _ in events) / len(events)
-    return CollapseSummary(variant, len(events), collapsed, mean_step, collapsed < len(events))
+    summary = summarize_collapses(events)
+    return VariantCollapse(**summary.__dict__, variant=variant)
 
 
 def collapse_summary(runs: Iterable[RunOutcome]) -> dict[str, CollapseSummary]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import CollapseConfig
@@ -109,3 +111,48 @@ class CollapseDetector:
         self.collapsed = bool(state["collapsed"])
         self.collapse_step = state["collapse_step"]
         self.collapse_reason = state["collapse_reason"]
+
+
+# --------------------------------------------------------------------------- across seeds
+LOWER_BOUND_PREFIX = ">= "
+
+
+@dataclass(frozen=True)
+class CollapseSummary:
+    """A variant's collapse statistics over its seeds (DESIGN.md 3.5, censoring).
+
+    A run that never collapsed is censored at its last step: it counts with
+    that step, and the mean becomes a lower bound, never an average that
+    pretends the survivors collapsed.
+    """
+
+    runs: int
+    collapsed: int
+    mean_step: float | None  # mean over seeds, censored runs at their last step
+    lower_bound: bool  # True when any run is censored: the true mean is >= mean_step
+
+    @property
+    def label(self) -> str:
+        """'812' when every seed collapsed, '>= 1500' when any seed is censored.
+
+        A lower bound is rounded down so that it stays a lower bound.
+        """
+        if self.mean_step is None:
+            return "-"
+        if self.lower_bound:
+            return f"{LOWER_BOUND_PREFIX}{math.floor(self.mean_step)}"
+        return f"{math.floor(self.mean_step + 0.5)}"  # half up, not to even
+
+    @property
+    def count_label(self) -> str:
+        return f"{self.collapsed}/{self.runs} collapsed"
+
+
+def summarize_collapses(events: Iterable[tuple[int, bool]]) -> CollapseSummary:
+    """Summary of (step, collapsed) events: the collapse step, or the last step if censored."""
+    events = [(int(step), bool(collapsed)) for step, collapsed in events]
+    if not events:
+        return CollapseSummary(0, 0, None, False)
+    collapsed = sum(1 for _, c in events if c)
+    mean_step = sum(step for step, _ in events) / len(events)
+    return CollapseSummary(len(events), collapsed, mean_step, collapsed < len(events))

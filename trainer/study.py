@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as K
+from trainer.collapse import CollapseSummary, summarize_collapses
 from trainer.config import ConfigError, ExperimentConfig, apply_overrides, validate_config
 from trainer.presets import preset_dict
 from trainer.run_files import SUMMARY_FILE, read_metrics
@@ -218,27 +219,23 @@ def collect_results(study: StudyDefinition, out: Path) -> dict[str, Any]:
     return {"study": study.name, "seeds": study.seeds, "variants": variants}
 
 
-def censored_collapse(summaries: list[dict]) -> tuple[str, float | None, int]:
-    """(label, mean, n_collapsed): mean collapse step over seeds, '>= N' if any censored."""
-    if not summaries:
-        return "-", None, 0
-    steps = [s["collapse_step"] if s["collapsed"] else s["steps"] for s in summaries]
-    collapsed = sum(1 for s in summaries if s["collapsed"])
-    mean = statistics.fmean(steps)
-    label = f"{mean:.0f}" if collapsed == len(summaries) else f">= {mean:.0f}"
-    return label, mean, collapsed
+def censored_collapse(summaries: list[dict]) -> CollapseSummary:
+    """Collapse summary over seeds from run summaries (censored at the last step)."""
+    return summarize_collapses(
+        (s["collapse_step"] if s["collapsed"] else s["steps"], s["collapsed"]) for s in summaries
+    )
 
 
 def table_row(seeds: list[dict]) -> dict[str, Any]:
     summaries = [s["summary"] for s in seeds]
-    label, _, n_collapsed = censored_collapse(summaries)
+    collapse = censored_collapse(summaries)
     return {
         "kl_k3_x1e3": _scaled(_mean([s["kl_k3"] for s in seeds]), 1e3),
         "kl_k3_max_x1e3": _scaled(_mean([s["kl_k3_max"] for s in seeds]), 1e3),
         "routing_pct": _scaled(_mean([s["routing"] for s in seeds]), 100),
         "extreme_pct": _scaled(_mean([s["extreme"] for s in seeds]), 100),
-        "collapse_step": label,
-        "collapsed": f"{n_collapsed}/{len(summaries)}",
+        "collapse_step": collapse.label,
+        "collapsed": f"{collapse.collapsed}/{collapse.runs}",
         "initial_accuracy": _mean([s.get("initial_accuracy") for s in summaries]),
         "final_accuracy": _mean([s.get("final_accuracy") for s in summaries]),
         "best_accuracy": _mean([s.get("best_accuracy") for s in summaries]),

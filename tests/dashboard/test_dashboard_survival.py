@@ -1,8 +1,8 @@
 import pytest
 
 from dashboard.survival import (
-    CollapseSummary,
     RunOutcome,
+    VariantCollapse,
     censor_marks,
     collapse_summary,
     kaplan_meier,
@@ -48,7 +48,7 @@ def test_censor_marks_sit_on_the_curve():
 
 def test_collapse_summary_all_collapsed_is_a_plain_mean():
     summary = summarize_outcomes("dense", [(10, True), (21, True)])
-    assert summary == CollapseSummary("dense", 2, 2, 15.5, False)
+    assert summary == VariantCollapse(2, 2, 15.5, False, variant="dense")
     assert summary.label == "16"  # rounded half up
     assert summary.count_label == "2/2 collapsed"
 

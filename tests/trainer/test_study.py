@@ -36,11 +36,13 @@ def _cache(tmp_path_factory, monkeypatch):
 def test_censored_collapse_never_averages_survivors_as_collapsed():
     collapsed = {"collapsed": True, "collapse_step": 40, "steps": 100}
     survived = {"collapsed": False, "collapse_step": None, "steps": 100}
-    assert censored_collapse([collapsed, dict(collapsed, collapse_step=60)]) == ("50", 50.0, 2)
-    # One survivor: the mean uses its last step and is shown as a lower bound.
-    assert censored_collapse([collapsed, survived]) == (">= 70", 70.0, 1)
-    assert censored_collapse([survived, survived]) == (">= 100", 100.0, 0)
-    assert censored_collapse([]) == ("-", None, 0)
+    both = censored_collapse([collapsed, dict(collapsed, collapse_step=61)])
+    assert (both.label, both.mean_step, both.collapsed) == ("51", 50.5, 2)
+    # One survivor: the mean uses its last step and is shown as a lower bound, rounded down.
+    one = censored_collapse([collapsed, dict(survived, steps=101)])
+    assert (one.label, one.mean_step, one.count_label) == (">= 70", 70.5, "1/2 collapsed")
+    assert censored_collapse([survived, survived]).label == ">= 100"
+    assert censored_collapse([]).label == "-"
 
 
 def test_builtin_definitions_cover_the_issue_variants():
