@@ -110,7 +110,7 @@ class RolloutEngine:
         self.layers: list[_Layer] = []
         self.loaded = False
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope: torch.Tensor | None = None
         self._slots: torch.Tensor | None = None
 
     @property
@@ -178,17 +178,21 @@ class RolloutEngine:
             )
         return self._cache
 
-    def _rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (S, hd) for positions 0..S-1, grown on demand.
+    def _rope_table(self, length: int) -> torch.Tensor:
+        """(S, 2, hd) fp32: cos and sign-folded sin for positions 0..S-1, grown on demand.
 
-        Row p equals ``rotary_cos_sin`` at position p bit for bit (same
-        elementwise formula), so a decode step looks its angles up instead of
-        recomputing them.
+        cos[p] equals ``rotary_cos_sin`` at position p bit for bit (same
+        elementwise formula). The sin row has its first half negated so that
+        rotate_half(x) * sin == roll(x, hd / 2) * sin_signed exactly (IEEE
+        products are sign-symmetric): one lookup and one roll per decode step
+        instead of recomputing the angles and a neg + cat.
         """
-        if self._rope is None or self._rope[0].shape[0] < length:
+        if self._rope is None or self._rope.shape[0] < length:
             positions = torch.arange(length, device=self.device)[None]
-            cos, sin = rotary_cos_sin(positions, self.inv_freq)
-            self._rope = (cos[0, 0], sin[0, 0])
+            cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq))
+            half = self.head_dim // 2
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self._rope = torch.stack((cos, sin), dim=1)
         return self._rope
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -245,7 +249,14 @@ class RolloutEngine:
         ys = num.round(expert_matmul(hidden, layer.experts_down, dispatch, backend))
         n, k = top.shape
         per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
-        y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
+        # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
+        # the same bits as the training layer's (1, k) @ (k, D) bmm (no fused
+        # multiply-add there either) at a third of the cost for small batches;
+        # half-precision storage keeps the bmm and its fp32 accumulation.
+        if ys.dtype == torch.float32:
+            y = (gates[:, :, None] * per_token).sum(1)
+        else:
+            y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
         if layer.shared_gate_up is not None:
             y = y + self._swiglu(x, layer.shared_gate_up, layer.shared_down)
         return num.round(y), top
@@ -334,9 +345,9 @@ class RolloutEngine:
         if self.pos_emb is not None:
             x = num.round(x + self.pos_emb[position])
         else:
-            cos_table, sin_table = self._rope
-            cos = cos_table[position].view(b, 1, 1, head_dim)
-            sin = sin_table[position].view(b, 1, 1, head_dim)
+            angles = self._rope[position]  # (B, 2, hd)
+            cos = angles[:, 0].view(b, 1, 1, head_dim)
+            sin = angles[:, 1].view(b, 1, 1, head_dim)
         keys, values = self._cache
         end = col + 1
         scale = head_dim**-0.5
@@ -346,7 +357,9 @@ class RolloutEngine:
             qkv = num.linear(h, layer.wqkv).view(b, 3, n_heads, head_dim)
             qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
             if cos is not None:
-                qk = num.round(apply_rotary(qk, cos, sin))
+                qf = qk.float()
+                rotated = qf * cos + qf.roll(head_dim // 2, dims=-1) * sin
+                qk = num.round(rotated.to(qk.dtype))
             keys[i, :, :, col] = qk[:, 1]
             values[i, :, :, col] = qkv[:, 2]
             # Single-query attention by hand: for one query SDPA's blocked CPU
