@@ -204,7 +204,7 @@ class RolloutEngine:
 
     def _swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor):
         gate, up = self.num.linear(x, w_gate_up).chunk(2, dim=-1)
-        return self.num.linear(self.num.round(F.silu(gate) * up), w_down)
+        return self.num.linear(self.num.round_(F.silu(gate).mul_(up)), w_down)
 
     def _dispatch(self, top: torch.Tensor, n_experts: int) -> Dispatch:
         """Assignments (N, k) sorted by expert: the same order as
@@ -242,11 +242,11 @@ class RolloutEngine:
         dispatch = self._dispatch(top, layer.experts_gate_up.shape[0])
         backend = resolve_backend(self.moe_backend, x)
         xs = x.index_select(0, dispatch.token)
-        gate, up = num.round(expert_matmul(xs, layer.experts_gate_up, dispatch, backend)).chunk(
+        gate, up = num.round_(expert_matmul(xs, layer.experts_gate_up, dispatch, backend)).chunk(
             2, dim=-1
         )
-        hidden = num.round(F.silu(gate) * up)
-        ys = num.round(expert_matmul(hidden, layer.experts_down, dispatch, backend))
+        hidden = num.round_(F.silu(gate).mul_(up))
+        ys = num.round_(expert_matmul(hidden, layer.experts_down, dispatch, backend))
         n, k = top.shape
         per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
         # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
@@ -259,7 +259,7 @@ class RolloutEngine:
             y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
         if layer.shared_gate_up is not None:
             y = y + self._swiglu(x, layer.shared_gate_up, layer.shared_down)
-        return num.round(y), top
+        return num.round_(y), top
 
     def _forward(
         self,
@@ -287,27 +287,27 @@ class RolloutEngine:
         x = self.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
         rope = None
         if self.pos_emb is not None:
-            x = num.round(x + self.pos_emb[positions])
+            x = num.round_(x + self.pos_emb[positions])
         else:
             rope = rotary_cos_sin(positions, self.inv_freq)
         mask4d = attention_bias_mask(key_valid, t)
         cache = self._cache if cache_start is not None else None
         moe_i = 0
         for i, layer in enumerate(self.layers):
-            h = num.round(self._norm(x, layer.attn_norm))
+            h = num.round_(self._norm(x, layer.attn_norm))
             qkv = num.linear(h, layer.wqkv).view(b, t, 3, self.n_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4)
             if rope is not None:
-                q, k = num.round(apply_rotary(q, *rope)), num.round(apply_rotary(k, *rope))
+                q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
             if cache is not None:
                 end = cache_start + t
                 cache[0][i, :, :, cache_start:end] = k
                 cache[1][i, :, :, cache_start:end] = v
                 k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
-            y = num.round(_attention(q, k, v, mask4d))
-            x = num.round(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
+            y = num.round_(_attention(q, k, v, mask4d))
+            x = num.round_(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
 
-            h = num.round(self._norm(x, layer.ffn_norm))
+            h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
                 y, top = self._moe(h.view(b * t, d), layer)
                 y = y.view(b, t, d)
@@ -316,8 +316,8 @@ class RolloutEngine:
                 moe_i += 1
             else:
                 y = self._swiglu(h, layer.w_gate_up, layer.w_down)
-            x = num.round(x + y)
-        h = num.round(self._norm(x if all_positions else x[:, -1], self.norm_f))
+            x = num.round_(x + y)
+        h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
         return num.linear(h, self.lm_head).float()
 
     def _decode(
@@ -343,7 +343,7 @@ class RolloutEngine:
         x = self.tok_emb[token]  # (B, D), rows of a stored table
         cos = sin = None
         if self.pos_emb is not None:
-            x = num.round(x + self.pos_emb[position])
+            x = num.round_(x + self.pos_emb[position])
         else:
             angles = self._rope[position]  # (B, 2, hd)
             cos = angles[:, 0].view(b, 1, 1, head_dim)
@@ -353,23 +353,23 @@ class RolloutEngine:
         scale = head_dim**-0.5
         moe_i = 0
         for i, layer in enumerate(self.layers):
-            h = num.round(self._norm(x, layer.attn_norm))
+            h = num.round_(self._norm(x, layer.attn_norm))
             qkv = num.linear(h, layer.wqkv).view(b, 3, n_heads, head_dim)
             qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
             if cos is not None:
                 qf = qk.float()
                 rotated = qf * cos + qf.roll(head_dim // 2, dims=-1) * sin
-                qk = num.round(rotated.to(qk.dtype))
+                qk = num.round_(rotated.to(qk.dtype))
             keys[i, :, :, col] = qk[:, 1]
             values[i, :, :, col] = qkv[:, 2]
             # Single-query attention by hand: for one query SDPA's blocked CPU
             # kernel costs more than these few small ops.
             scores = (qk[:, 0, :, None] @ keys[i, :, :, :end].transpose(-1, -2)) * scale
             weights = (scores.float() + key_bias).softmax(-1)
-            y = num.round(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, H, 1, hd)
-            x = num.round(x + num.linear(y.view(b, d), layer.wo))
+            y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, H, 1, hd)
+            x = num.round_(x + num.linear(y.view(b, d), layer.wo))
 
-            h = num.round(self._norm(x, layer.ffn_norm))
+            h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
                 y, top = self._moe(h, layer)
                 if routing_out is not None:
@@ -377,8 +377,8 @@ class RolloutEngine:
                 moe_i += 1
             else:
                 y = self._swiglu(h, layer.w_gate_up, layer.w_down)
-            x = num.round(x + y)
-        h = num.round(self._norm(x, self.norm_f))
+            x = num.round_(x + y)
+        h = num.round_(self._norm(x, self.norm_f))
         return num.linear(h, self.lm_head).float()
 
     # ------------------------------------------------------------------ scoring
