@@ -7,6 +7,10 @@ MixtralForCausalLM with the same dimensions in fp32 (its default), sampling,
 exactly 16 new tokens. Target: >= 1.3x generate()'s generated tokens/s.
 
     python -m bench.bench_rollout [--threads 2] [--repeats 7]
+
+Besides wall time (noisy on a shared machine) it counts the aten ops each
+variant dispatches per call: decode at this size is bound by per-op
+overhead, and the count does not depend on machine load.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.common import print_table, time_interleaved, write_results
 from trainer.config import ModelConfig
@@ -85,6 +90,24 @@ def hf_generate(prompt, mask) -> Callable[[], object] | None:
     return run
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts aten ops dispatched (kernels and views alike)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    with _OpCounter() as counter:
+        fn()
+    return counter.count
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -113,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             "ms": t * 1e3,
             "tok/s": tokens / t,
             "x generate()": (base / t) if base else "",
+            "aten ops": count_ops(fns[name]),
         }
         for name, t in times.items()
     ]
@@ -120,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         f"tiny MoE: {TINY.n_layers} layers, d {TINY.d_model}, {TINY.n_experts} experts "
         f"top-{TINY.top_k}, batch {BATCH}, prompt {PROMPT}, {NEW_TOKENS} new tokens"
     )
-    print_table(rows, ["variant", "ms", "tok/s", "x generate()"])
+    print_table(rows, ["variant", "ms", "tok/s", "x generate()", "aten ops"])
     summary = {
         "kv_cache_speedup_fp32": times["ours fp32 recompute"] / times["ours fp32 kv-cache"],
         "vs_generate_fp32": base / times["ours fp32 kv-cache"] if base else None,
