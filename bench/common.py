@@ -22,6 +22,14 @@ def time_interleaved(
     Calls are interleaved round-robin (a, b, c, a, b, c, ...) so that load
     from other processes on a shared machine hits every variant alike.
     """
+    samples = time_interleaved_samples(fns, warmup, repeats)
+    return {name: statistics.median(ts) for name, ts in samples.items()}
+
+
+def time_interleaved_samples(
+    fns: dict[str, Callable[[], object]], warmup: int = 3, repeats: int = 15
+) -> dict[str, list[float]]:
+    """Seconds of every call, ``repeats`` round-robin rounds per function."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -31,7 +39,17 @@ def time_interleaved(
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
+    return samples
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median over rounds of numerator[i] / denominator[i].
+
+    Calls of one round-robin round run back to back, so their ratio cancels
+    most of the slowly drifting load of a shared machine that the ratio of
+    two medians keeps.
+    """
+    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
 
 
 def environment() -> dict[str, object]:

@@ -12,6 +12,7 @@ from trainer.rollout import (
     RolloutEngine,
     index_dtype,
     prompt_logprobs,
+    sample_next,
     top_p_filter,
 )
 
@@ -223,3 +224,20 @@ def test_generate_records_routing_in_smallest_dtype(tiny_moe_cfg, make_batch):
     assert batch.routing.indices.dtype == torch.uint8
     assert batch.routing.indices.shape == (2, 2, batch.tokens.shape[1], 2)
     assert batch.routing.bytes_per_token_layer == 2.0
+
+
+def test_sample_next_draws_what_multinomial_draws():
+    # The exponential race is torch.multinomial's one-sample algorithm: with the
+    # same seed both pick the same tokens and leave the generator in the same state.
+    logp = torch.log_softmax(torch.randn(64, 24, generator=torch.Generator().manual_seed(0)), -1)
+    ours, ref = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    tokens = sample_next(logp, 1.0, 1.0, ours)
+    assert torch.equal(tokens, torch.multinomial(logp.exp(), 1, generator=ref).squeeze(-1))
+    assert torch.equal(ours.get_state(), ref.get_state())
+
+
+def test_sample_next_frequencies_follow_the_probabilities():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).expand(20000, 4)
+    tokens = sample_next(probs.log(), 1.0, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=4).float() / tokens.numel()
+    torch.testing.assert_close(freq, probs[0], rtol=0, atol=0.015)

@@ -80,6 +80,10 @@ class _Layer:
     experts_down: torch.Tensor | None = None  # (E, H, D)
     shared_gate_up: torch.Tensor | None = None
     shared_down: torch.Tensor | None = None
+    # Precomputed at load so the per-token router skips exact no-ops
+    # (x / 1.0 and x + 0.0 change no value and no top-k order).
+    has_temperature: bool = False
+    has_selection_bias: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -106,6 +110,8 @@ class RolloutEngine:
         self.layers: list[_Layer] = []
         self.loaded = False
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope: torch.Tensor | None = None
+        self._slots: torch.Tensor | None = None
 
     @property
     def precision(self) -> str:
@@ -142,6 +148,8 @@ class RolloutEngine:
                     self.device, torch.float32
                 )
                 layer.router_temperature = float(sd[p + "ffn.router.temperature"])
+                layer.has_temperature = layer.router_temperature != 1.0
+                layer.has_selection_bias = bool(layer.selection_bias.any())
                 layer.experts_gate_up = w(
                     torch.cat((sd[p + "ffn.experts.w_gate"], sd[p + "ffn.experts.w_up"]), dim=2)
                 )
@@ -170,35 +178,88 @@ class RolloutEngine:
             )
         return self._cache
 
+    def _rope_table(self, length: int) -> torch.Tensor:
+        """(S, 2, hd) fp32: cos and sign-folded sin for positions 0..S-1, grown on demand.
+
+        cos[p] equals ``rotary_cos_sin`` at position p bit for bit (same
+        elementwise formula). The sin row has its first half negated so that
+        rotate_half(x) * sin == roll(x, hd / 2) * sin_signed exactly (IEEE
+        products are sign-symmetric): one lookup and one roll per decode step
+        instead of recomputing the angles and a neg + cat.
+        """
+        if self._rope is None or self._rope.shape[0] < length:
+            positions = torch.arange(length, device=self.device)[None]
+            cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq))
+            half = self.head_dim // 2
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self._rope = torch.stack((cos, sin), dim=1)
+        return self._rope
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in fp32. With fp32 storage the fused ``F.rms_norm`` kernel
+        (one op instead of six) computes the same formula as ``rms_norm``."""
+        if x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.norm_eps)
+        return rms_norm(x, weight, self.cfg.norm_eps)
+
     def _swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor):
         gate, up = self.num.linear(x, w_gate_up).chunk(2, dim=-1)
-        return self.num.linear(self.num.round(F.silu(gate) * up), w_down)
+        return self.num.linear(self.num.round_(F.silu(gate).mul_(up)), w_down)
+
+    def _dispatch(self, top: torch.Tensor, n_experts: int) -> Dispatch:
+        """Assignments (N, k) sorted by expert: the same order as
+        ``Dispatch.from_indices`` (a stable sort by expert id keeps the slot
+        order within an expert) in fewer ops."""
+        flat = top.view(-1)
+        n = flat.numel()
+        if self._slots is None or self._slots.numel() < n:
+            self._slots = torch.arange(n, device=flat.device)
+        slots = self._slots[:n]
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=n_experts)
+        return Dispatch(
+            order=order,
+            inverse=torch.empty_like(order).scatter_(0, order, slots),
+            token=order.div(top.shape[-1], rounding_mode="floor"),
+            counts=counts,
+            offsets=counts.cumsum(0, dtype=torch.int32),
+        )
 
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (N, D) stored activations -> (y (N, D), natural top-k (N, k))."""
         num = self.num
         # Router input is the stored (half) activation; logits come out of a
         # half GEMM, then temperature and softmax in fp32.
-        logits = num.linear(x, layer.router).float() / layer.router_temperature
+        logits = num.linear(x, layer.router).float()
+        if layer.has_temperature:
+            logits = logits / layer.router_temperature
         probs = logits.softmax(dim=-1)
-        top = (logits + layer.selection_bias).topk(self.cfg.top_k, dim=-1).indices
+        scores = logits + layer.selection_bias if layer.has_selection_bias else logits
+        top = scores.topk(self.cfg.top_k, dim=-1).indices
         picked = probs.gather(-1, top)
         gates = picked / picked.sum(-1, keepdim=True)
 
-        dispatch = Dispatch.from_indices(top, layer.experts_gate_up.shape[0])
+        dispatch = self._dispatch(top, layer.experts_gate_up.shape[0])
         backend = resolve_backend(self.moe_backend, x)
         xs = x.index_select(0, dispatch.token)
-        gate, up = num.round(expert_matmul(xs, layer.experts_gate_up, dispatch, backend)).chunk(
+        gate, up = num.round_(expert_matmul(xs, layer.experts_gate_up, dispatch, backend)).chunk(
             2, dim=-1
         )
-        hidden = num.round(F.silu(gate) * up)
-        ys = num.round(expert_matmul(hidden, layer.experts_down, dispatch, backend))
+        hidden = num.round_(F.silu(gate).mul_(up))
+        ys = num.round_(expert_matmul(hidden, layer.experts_down, dispatch, backend))
         n, k = top.shape
         per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
-        y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
+        # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
+        # the same bits as the training layer's (1, k) @ (k, D) bmm (no fused
+        # multiply-add there either) at a third of the cost for small batches;
+        # half-precision storage keeps the bmm and its fp32 accumulation.
+        if ys.dtype == torch.float32:
+            y = (gates[:, :, None] * per_token).sum(1)
+        else:
+            y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
         if layer.shared_gate_up is not None:
             y = y + self._swiglu(x, layer.shared_gate_up, layer.shared_down)
-        return num.round(y), top
+        return num.round_(y), top
 
     def _forward(
         self,
@@ -209,7 +270,8 @@ class RolloutEngine:
         routing_out: torch.Tensor | None,
         all_positions: bool = False,
     ) -> torch.Tensor:
-        """One forward over new tokens (B, T) at ``positions`` (B, T).
+        """One forward over new tokens (B, T) at ``positions`` (B, T): the
+        prefill, ``score`` and the full-recompute benchmark path.
 
         key_valid: (B, S) real-token mask of all keys up to and including the
         new tokens. With ``cache_start`` the new keys/values are written to the
@@ -222,30 +284,30 @@ class RolloutEngine:
         num = self.num
         b, t = tokens.shape
         d = self.cfg.d_model
-        x = num.round(self.tok_emb[tokens])
+        x = self.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
         rope = None
         if self.pos_emb is not None:
-            x = num.round(x + self.pos_emb[positions])
+            x = num.round_(x + self.pos_emb[positions])
         else:
             rope = rotary_cos_sin(positions, self.inv_freq)
         mask4d = attention_bias_mask(key_valid, t)
         cache = self._cache if cache_start is not None else None
         moe_i = 0
         for i, layer in enumerate(self.layers):
-            h = num.round(rms_norm(x, layer.attn_norm, self.cfg.norm_eps))
+            h = num.round_(self._norm(x, layer.attn_norm))
             qkv = num.linear(h, layer.wqkv).view(b, t, 3, self.n_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4)
             if rope is not None:
-                q, k = num.round(apply_rotary(q, *rope)), num.round(apply_rotary(k, *rope))
+                q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
             if cache is not None:
                 end = cache_start + t
                 cache[0][i, :, :, cache_start:end] = k
                 cache[1][i, :, :, cache_start:end] = v
                 k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
-            y = num.round(_attention(q, k, v, mask4d))
-            x = num.round(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
+            y = num.round_(_attention(q, k, v, mask4d))
+            x = num.round_(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
 
-            h = num.round(rms_norm(x, layer.ffn_norm, self.cfg.norm_eps))
+            h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
                 y, top = self._moe(h.view(b * t, d), layer)
                 y = y.view(b, t, d)
@@ -254,29 +316,92 @@ class RolloutEngine:
                 moe_i += 1
             else:
                 y = self._swiglu(h, layer.w_gate_up, layer.w_down)
-            x = num.round(x + y)
-        h = num.round(rms_norm(x if all_positions else x[:, -1], self.norm_f, self.cfg.norm_eps))
+            x = num.round_(x + y)
+        h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
+        return num.linear(h, self.lm_head).float()
+
+    def _decode(
+        self,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        col: int,
+        key_bias: torch.Tensor,
+        routing_out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One cached decode step: the same math as ``_forward`` with T == 1,
+        written for the fewest ops (decode is bound by per-op overhead).
+
+        token, position: (B,) the token fed at cache column ``col`` and its
+        position id. key_bias: (B, 1, 1, col + 1) fp32 additive mask, 0 where
+        the query may attend and -inf elsewhere (adding 0 or -inf gives
+        exactly what ``masked_fill`` gives). routing_out: (L_moe, B, k) view
+        for the natural top-k, or None. Returns fp32 logits (B, V).
+        """
+        num = self.num
+        b = token.shape[0]
+        d, n_heads, head_dim = self.cfg.d_model, self.n_heads, self.head_dim
+        x = self.tok_emb[token]  # (B, D), rows of a stored table
+        cos = sin = None
+        if self.pos_emb is not None:
+            x = num.round_(x + self.pos_emb[position])
+        else:
+            angles = self._rope[position]  # (B, 2, hd)
+            cos = angles[:, 0].view(b, 1, 1, head_dim)
+            sin = angles[:, 1].view(b, 1, 1, head_dim)
+        keys, values = self._cache
+        end = col + 1
+        scale = head_dim**-0.5
+        moe_i = 0
+        for i, layer in enumerate(self.layers):
+            h = num.round_(self._norm(x, layer.attn_norm))
+            qkv = num.linear(h, layer.wqkv).view(b, 3, n_heads, head_dim)
+            qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
+            if cos is not None:
+                qf = qk.float()
+                rotated = qf * cos + qf.roll(head_dim // 2, dims=-1) * sin
+                qk = num.round_(rotated.to(qk.dtype))
+            keys[i, :, :, col] = qk[:, 1]
+            values[i, :, :, col] = qkv[:, 2]
+            # Single-query attention by hand: for one query SDPA's blocked CPU
+            # kernel costs more than these few small ops.
+            scores = (qk[:, 0, :, None] @ keys[i, :, :, :end].transpose(-1, -2)) * scale
+            weights = (scores.float() + key_bias).softmax(-1)
+            y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, H, 1, hd)
+            x = num.round_(x + num.linear(y.view(b, d), layer.wo))
+
+            h = num.round_(self._norm(x, layer.ffn_norm))
+            if layer.is_moe:
+                y, top = self._moe(h, layer)
+                if routing_out is not None:
+                    routing_out[moe_i] = top
+                moe_i += 1
+            else:
+                y = self._swiglu(h, layer.w_gate_up, layer.w_down)
+            x = num.round_(x + y)
+        h = num.round_(self._norm(x, self.norm_f))
         return num.linear(h, self.lm_head).float()
 
     # ------------------------------------------------------------------ scoring
-    @torch.no_grad()
     def score(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
     ) -> tuple[torch.Tensor, PackedRouting | None]:
         """Teacher-forced log-probs (B, T) and natural routing of given tokens
         (one prefill over all positions; same conventions as ``generate``)."""
         self._check_loaded()
-        tokens = tokens.to(self.device)
-        mask = attention_mask.to(self.device).bool()
-        b, t = tokens.shape
-        routing = self._routing_buffer(b, t)
-        logits = self._forward(tokens, positions_from_mask(mask), mask, None, routing, True)
-        logprobs = prompt_logprobs(logits, tokens, mask, temperature)
-        packed = None if routing is None else PackedRouting(routing, self.cfg.n_experts, mask)
-        return logprobs, packed
+        with torch.inference_mode():
+            tokens = tokens.to(self.device)
+            mask = attention_mask.to(self.device).bool()
+            b, t = tokens.shape
+            routing = self._routing_buffer(b, t)
+            logits = self._forward(tokens, positions_from_mask(mask), mask, None, routing, True)
+            logprobs = prompt_logprobs(logits, tokens, mask, temperature)
+        # Clones outside inference mode: callers may use them under autograd.
+        packed = None
+        if routing is not None:
+            packed = PackedRouting(routing.clone(), self.cfg.n_experts, mask.clone())
+        return logprobs.clone(), packed
 
     # ------------------------------------------------------------------ sampling
-    @torch.no_grad()
     def generate(
         self,
         prompt_tokens: torch.Tensor,
@@ -297,62 +422,130 @@ class RolloutEngine:
         the full prefix every step (for the benchmark).
         """
         self._check_loaded()
-        prompt = prompt_tokens.to(self.device)
-        b, p = prompt.shape
+        p = prompt_tokens.shape[1]
         total = p + max_new_tokens
         if total > self.cfg.max_seq_len and self.pos_emb is not None:
             raise ValueError(f"prompt + max_new_tokens ({total}) exceeds max_seq_len")
+        with torch.inference_mode():
+            tokens, mask, logprobs, routing, end = self._sample(
+                prompt_tokens,
+                prompt_mask,
+                max_new_tokens,
+                temperature,
+                top_p,
+                eos_id,
+                pad_id,
+                generator,
+                use_kv_cache,
+            )
+        # Outputs are cloned outside inference mode: the trainer uses them
+        # under autograd. A token is fed to the engine (routed) iff it is real
+        # and not the last sampled column, which is never fed.
+        mask = mask[:, :end].clone()
+        response = torch.zeros_like(mask)
+        response[:, p:] = mask[:, p:]
+        packed = None
+        if routing is not None:
+            fed = mask.clone()
+            if end > p:
+                fed[:, -1] = False
+            packed = PackedRouting(routing[:, :, :end].clone(), self.cfg.n_experts, fed)
+        return RolloutBatch(
+            tokens=tokens[:, :end].clone(),
+            attention_mask=mask,
+            response_mask=response,
+            logprobs=logprobs[:, :end].clone(),
+            routing=packed,
+            prompt_len=p,
+        )
+
+    def _sample(
+        self,
+        prompt_tokens: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        eos_id: int | None,
+        pad_id: int,
+        generator: torch.Generator | None,
+        use_kv_cache: bool,
+    ):
+        """The sampling loop of ``generate`` (run under inference mode).
+
+        Returns the (B, P + max_new_tokens) tokens, mask and log-prob buffers,
+        the (L_moe, B, P + max_new_tokens, k) routing buffer (or None) and the
+        number of columns used.
+        """
+        prompt = prompt_tokens.to(self.device)
+        b, p = prompt.shape
+        total = p + max_new_tokens
         tokens = torch.full((b, total), pad_id, dtype=torch.long, device=self.device)
         tokens[:, :p] = prompt
         mask = torch.zeros((b, total), dtype=torch.bool, device=self.device)
         mask[:, :p] = prompt_mask.to(self.device).bool()
-        response = torch.zeros_like(mask)
-        fed = torch.zeros_like(mask)
+        prompt_valid = mask[:, :p]
         routing = self._routing_buffer(b, total)
         if use_kv_cache:
             self._static_cache(b, total)
+            if self.pos_emb is None:
+                self._rope_table(total)
 
         # Prefill: every prompt position at once (prompt log-probs need all logits).
         logits = self._forward(
             tokens[:, :p],
-            positions_from_mask(mask[:, :p]),
-            mask[:, :p],
+            positions_from_mask(prompt_valid),
+            prompt_valid,
             0 if use_kv_cache else None,
             None if routing is None else routing[:, :, :p],
             all_positions=True,
         )
         logprobs = torch.zeros((b, total), dtype=torch.float32, device=self.device)
-        logprobs[:, :p] = prompt_logprobs(logits, tokens[:, :p], mask[:, :p], temperature)
-        fed[:, :p] = mask[:, :p]
+        logprobs[:, :p] = prompt_logprobs(logits, tokens[:, :p], prompt_valid, temperature)
         next_logits = logits[:, -1]
 
+        if use_kv_cache:
+            # Decode state, updated in place: the next position id (real
+            # tokens so far) and the additive attention mask over cache columns.
+            n_real = prompt_valid.sum(-1)
+            key_bias = torch.zeros((b, total), dtype=torch.float32, device=self.device)
+            key_bias[:, :p].masked_fill_(~prompt_valid, float("-inf"))
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         end = p
         for step in range(max_new_tokens):
             col = p + step
             logp = scaled_logprobs(next_logits, temperature)
             nxt = sample_next(logp, temperature, top_p, generator)
-            alive = ~finished
-            nxt = torch.where(alive, nxt, torch.full_like(nxt, pad_id))
-            tokens[:, col] = nxt
-            mask[:, col] = alive
-            response[:, col] = alive
-            logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
-            if eos_id is not None:
+            if eos_id is None:  # no row ever stops: every row is alive
+                alive = None
+                tokens[:, col] = nxt
+                mask[:, col] = True
+                logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            else:
+                alive = ~finished
+                nxt = nxt.masked_fill(finished, pad_id)
+                tokens[:, col] = nxt
+                mask[:, col] = alive
+                logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
                 finished = finished | (alive & (nxt == eos_id))
             end = col + 1
-            if step == max_new_tokens - 1 or bool(finished.all()):
+            if step == max_new_tokens - 1 or (alive is not None and bool(finished.all())):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
-            positions = mask[:, :col].sum(-1, keepdim=True)
             if use_kv_cache:
-                next_logits = self._forward(
-                    tokens[:, col : col + 1],
-                    positions,
-                    mask[:, : col + 1],
+                next_logits = self._decode(
+                    tokens[:, col],
+                    n_real,
                     col,
-                    None if routing is None else routing[:, :, col : col + 1],
+                    key_bias[:, None, None, : col + 1],
+                    None if routing is None else routing[:, :, col],
                 )
+                # Later queries see this column only where the token is real.
+                if alive is None:
+                    n_real += 1
+                else:
+                    n_real += alive
+                    key_bias[:, col].masked_fill_(~alive, float("-inf"))
             else:
                 step_routing = None if routing is None else self._routing_buffer(b, col + 1)
                 next_logits = self._forward(
@@ -364,21 +557,7 @@ class RolloutEngine:
                 )
                 if routing is not None:
                     routing[:, :, col] = step_routing[:, :, col]
-            fed[:, col] = mask[:, col]
-
-        packed = None
-        if routing is not None:
-            packed = PackedRouting(
-                routing[:, :, :end].contiguous(), self.cfg.n_experts, fed[:, :end].clone()
-            )
-        return RolloutBatch(
-            tokens=tokens[:, :end].clone(),
-            attention_mask=mask[:, :end].clone(),
-            response_mask=response[:, :end].clone(),
-            logprobs=logprobs[:, :end].clone(),
-            routing=packed,
-            prompt_len=p,
-        )
+        return tokens, mask, logprobs, routing, end
 
     # ------------------------------------------------------------------ helpers
     def _check_loaded(self) -> None:

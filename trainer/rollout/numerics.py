@@ -40,12 +40,22 @@ class Numerics:
             return x.to(self.half).to(torch.float32)
         return x.to(self.dtype)
 
+    def round_(self, x: torch.Tensor) -> torch.Tensor:
+        """``round`` that may overwrite x: for fresh temporaries only.
+
+        Emulated, x is rounded in place (one half-size temporary instead of a
+        second full-size fp32 tensor); the bits equal ``round(x)``.
+        """
+        if self.emulated:
+            return x.copy_(x.to(self.half))
+        return x.to(self.dtype)
+
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         return self.round(w.detach().to(self.device, torch.float32))
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x @ w.T on stored (already rounded) operands; output rounded like a half GEMM's."""
-        return self.round(F.linear(x, w))
+        return self.round_(F.linear(x, w))
 
     def __repr__(self) -> str:
         mode = "native" if self.native else ("emulated" if self.emulated else "full")

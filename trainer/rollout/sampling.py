@@ -11,8 +11,10 @@ def scaled_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     These are the log-probs of the distribution actually sampled from, so the
     training side must score tokens with the same temperature.
     """
-    t = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits.float() / t, dim=-1)
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:  # x / 1.0 == x: skip the op
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -32,8 +34,16 @@ def sample_next(
     top_p: float,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """logprobs: (B, V) from ``scaled_logprobs``. Returns (B,) token ids."""
+    """logprobs: (B, V) from ``scaled_logprobs``. Returns (B,) token ids.
+
+    Sampling is the exponential race: argmax_i p_i / q_i with q_i ~ Exp(1)
+    picks i with probability p_i (equivalently, the Gumbel-max trick). It is
+    the algorithm ``torch.multinomial`` runs for one sample, written out so
+    the decode loop skips multinomial's input checks (two host syncs per
+    step); with the same generator it draws the same tokens.
+    """
     if temperature <= 0:
         return logprobs.argmax(dim=-1)
     probs = top_p_filter(logprobs.exp(), top_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax(dim=-1)
