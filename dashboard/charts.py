@@ -65,7 +65,7 @@ def thin(
     steps: Sequence[int], values: Sequence[Any], window: Window
 ) -> tuple[np.ndarray, np.ndarray]:
     """The window of one series, downsampled to ``window.max_points`` keeping extremes."""
-    numeric = [v if isinstance(v, int | float) else None for v in values]
+    numeric = _numeric(values)
     if window.max_points is None:
         return select_window(steps, numeric, window.start, window.end)
     return _window_downsample(steps, numeric, window.max_points, window.start, window.end)
@@ -117,7 +117,10 @@ def variant_bands(
     return seed_band(windowed, key, band=band, max_points=window.max_points, colors=colors)
 
 
-def _numeric(values: Sequence[Any]) -> list[float | None]:
+def _numeric(values: Sequence[Any] | np.ndarray) -> list[float | None] | np.ndarray:
+    """Values as numbers (an array passes through); anything else is a gap."""
+    if isinstance(values, np.ndarray):
+        return values
     return [v if isinstance(v, int | float) else None for v in values]
 
 

@@ -115,10 +115,12 @@ def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
     window = _window(request)
     fetch = window.fetch_bounds()
     key = mk.experts_load(layer)
-    data = q.series_for([run], [key], start=fetch[0], end=fetch[1])[run.pk]
+    steps, vectors = q.series_of(
+        q.series_for([run], [key], start=fetch[0], end=fetch[1])[run.pk], key
+    )
     fig = layer_heatmap(
-        data["steps"],
-        data["series"][key],
+        steps,
+        vectors,
         layer,
         window,
         title=f"{q.run_label(run)}: expert load, layer {layer}",

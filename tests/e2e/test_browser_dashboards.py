@@ -192,12 +192,6 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
     screenshots.take(page, "experiment-variants", docs=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dashboard: a key logged every run.eval_every steps (eval/accuracy) reads as None "
-    "between its steps, each None becomes a gap, and a lines-only trace of isolated points "
-    "draws nothing",
-)
 def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
     page = guard.new_page()
     page.goto(f"{study['url']}/dashboard/runs/{study['runs']['r3'][0].pk}/")

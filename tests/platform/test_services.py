@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -267,3 +268,32 @@ def test_comment_needs_a_body(user, experiment):
         runs.add_comment(author=user, body="   ", run=run)
     comment = runs.add_comment(author=user, body="<b>collapsed at 40</b>", run=run)
     assert comment.body == "<b>collapsed at 40</b>"
+
+
+def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
+    user, experiment, django_assert_num_queries
+):
+    """A key a step did not log is no point at all; a stored null (NaN/inf in the
+    trainer) is a NaN point, where a chart breaks the line."""
+    a, b = _run(user, experiment), _run(user, experiment)
+    runs.ingest_metrics(
+        a.pk,
+        [
+            {"step": 0, "eval/accuracy": 0.1, "reward/mean": 1.0},
+            {"step": 1, "reward/mean": 2.0},
+            {"step": 2, "eval/accuracy": None, "reward/mean": 3.0},
+            {"step": 3, "eval/accuracy": 0.4, "experts/load/L0": [0.5, 0.5]},
+        ],
+    )
+    with django_assert_num_queries(1):
+        data = queries.metric_series_many(
+            [a.pk, b.pk], ["eval/accuracy", "reward/mean", "experts/load/L0"], start=0, end=3
+        )
+    assert data[a.pk].steps.tolist() == [0, 1, 2, 3]
+    steps, values = data[a.pk].series["eval/accuracy"]
+    assert steps.tolist() == [0, 2, 3]
+    assert values[0] == 0.1 and math.isnan(values[1]) and values[2] == 0.4
+    assert data[a.pk].series["reward/mean"][0].tolist() == [0, 1, 2]
+    assert data[a.pk].series["experts/load/L0"][0].tolist() == [3]
+    assert data[a.pk].series["experts/load/L0"][1] == [[0.5, 0.5]]
+    assert data[b.pk].steps.size == 0 and data[b.pk].series["reward/mean"][0].size == 0
