@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 from django.db import connection
-from django.db.models import F, FloatField, Max, Q
-from django.db.models.fields.json import KeyTextTransform, KeyTransform
-from django.db.models.functions import Cast, Mod
+from django.db.models import Max, Q
 from django.utils import timezone
 
+# One downsampler for the API and the dashboards: a pure numpy module (importing
+# the dashboard package loads no Django, dashboard/__init__.py).
+from dashboard.downsample import MIN_POINTS, downsample_indices
 from runs.models import MetricStep, Run, RunStatus
 from trainer.metric_keys import is_vector_key
 
@@ -27,55 +28,52 @@ def metric_series(
     start: int | None = None,
     end: int | None = None,
     max_points: int = 1000,
-    last_step: int | None = None,
 ) -> dict[str, Any]:
     """``{"steps": [...], "series": {key: [...]}}`` for steps in [start, end], in ONE query.
 
-    Only the requested keys leave the database (JSON key extraction in SQL).
-    Longer ranges are thinned to ``max_points`` by an even stride that always
-    keeps the last step (a live run's newest point). With ``last_step`` known
-    (the run's progress), the stride is applied in SQL, so a 100k-step run
-    sends only ``max_points`` rows.
+    Values are aligned on ``steps``; ``None`` where a step did not log the key
+    or stored a null (a non-finite value). Longer ranges are thinned with the
+    extremes-keeping downsampler the dashboards draw with
+    (dashboard/downsample.py, min and max per bucket): each scalar key gets
+    ``max_points // len(keys)`` points (at least 4) chosen on its own series,
+    the response holds the union of their steps plus the first and last step,
+    so a one-step KL spike survives any ``max_points``. Every row of the
+    range is read for that (one aggregated query, runs.queries
+    ``metric_series_many``). At most ``max_points`` steps, or 4 per key plus
+    the two ends when there are more keys than ``max_points / 4``.
     """
-    rows = MetricStep.objects.filter(run_id=run_id)
-    lo = start or 0
-    if start is not None:
-        rows = rows.filter(step__gte=start)
-    if end is not None:
-        rows = rows.filter(step__lte=end)
-    if last_step is not None:
-        hi = min(end, last_step) if end is not None else last_step
-        span = hi - lo + 1
-        if span > max_points:
-            # One slot is reserved for the last step, which is always kept.
-            stride = math.ceil(span / max(1, max_points - 1))
-            rows = rows.annotate(_phase=Mod(F("step") - lo, stride)).filter(
-                Q(_phase=0) | Q(step__gte=hi)
-            )
-    aliases = {f"k{i}": key for i, key in enumerate(keys)}
-    rows = rows.annotate(**{a: _extract(k) for a, k in aliases.items()})
-    data = list(rows.order_by("step").values_list("step", *aliases))
-    if len(data) > max_points:
-        stride = math.ceil(len(data) / max_points)
-        thinned = data[::stride]
-        if thinned[-1] is not data[-1]:
-            if len(thinned) == max_points:
-                thinned[-1] = data[-1]
+    entry = metric_series_many([run_id], keys, start=start, end=end)[int(run_id)]
+    keys = list(dict.fromkeys(keys))
+    steps = entry.steps
+    if steps.size > max_points:
+        per_key = max(MIN_POINTS, max_points // max(1, len(keys)))
+        kept = [steps[[0, -1]]]
+        for key in keys:
+            key_steps, values = entry.series[key]
+            if is_vector_key(key):  # no extremes to keep: evenly spread
+                pick = np.unique(np.linspace(0, key_steps.size - 1, per_key).astype(np.int64))
+                kept.append(key_steps[pick] if key_steps.size else key_steps)
             else:
-                thinned.append(data[-1])
-        data = thinned
+                kept.append(key_steps[downsample_indices(key_steps, values, per_key)])
+        steps = np.unique(np.concatenate(kept))
     return {
-        "steps": [row[0] for row in data],
-        "series": {key: [row[i + 1] for row in data] for i, key in enumerate(keys)},
+        "steps": steps.tolist(),
+        "series": {key: _aligned(steps, *entry.series[key]) for key in keys},
     }
 
 
-def _extract(key: str):
-    """SQL for one key: scalars as floats (cast in the database, no JSON decoding
-    per row in Python), per-layer load vectors as JSON."""
-    if is_vector_key(key):
-        return KeyTransform(key, "values")
-    return Cast(KeyTextTransform(key, "values"), FloatField())
+def _aligned(steps: np.ndarray, key_steps: np.ndarray, values: np.ndarray | list) -> list:
+    """The key's values at ``steps`` (both ascending); None where it has none or NaN."""
+    if key_steps.size == 0:
+        return [None] * steps.size
+    at = np.minimum(np.searchsorted(key_steps, steps), key_steps.size - 1)
+    present = key_steps[at] == steps
+    if isinstance(values, list):  # vectors
+        return [values[i] if ok else None for i, ok in zip(at.tolist(), present.tolist(), strict=True)]
+    picked = values[at]
+    out = picked.astype(object)
+    out[~(present & np.isfinite(picked))] = None
+    return out.tolist()
 
 
 def metric_keys(run_id: int) -> list[str]:

@@ -221,19 +221,20 @@ def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experim
     assert data["steps"] == sorted(set(data["steps"]))
 
 
-def test_metric_series_thins_in_sql_when_the_last_step_is_known(
+def test_metric_series_keeps_every_keys_extremes_in_one_query(
     user, experiment, django_assert_num_queries
 ):
     run = _run(user, experiment)
-    runs.ingest_metrics(run.pk, _lines(range(1000), layers=0))
+    lines = [{"step": s, "a": 0.0, "b": 1.0} for s in range(1000)]
+    lines[337]["a"], lines[338]["b"] = 5.0, -7.0  # one-step spikes, one per key
+    runs.ingest_metrics(run.pk, lines)
     with django_assert_num_queries(1):
-        data = queries.metric_series(run.pk, ["policy/loss"], max_points=100, last_step=999)
-    assert len(data["steps"]) <= 100
-    assert data["steps"][:3] == [0, 11, 22] and data["steps"][-1] == 999
-    assert data["series"]["policy/loss"][1] == -11
-    ranged = queries.metric_series(
-        run.pk, ["policy/loss"], start=500, end=599, max_points=10, last_step=999
-    )
+        data = queries.metric_series(run.pk, ["a", "b"], max_points=40)
+    assert len(data["steps"]) <= 40
+    assert data["steps"][0] == 0 and data["steps"][-1] == 999
+    assert max(v for v in data["series"]["a"] if v is not None) == 5.0
+    assert min(v for v in data["series"]["b"] if v is not None) == -7.0
+    ranged = queries.metric_series(run.pk, ["a"], start=500, end=599, max_points=10)
     assert ranged["steps"][0] == 500 and ranged["steps"][-1] == 599 and len(ranged["steps"]) <= 10
 
 
