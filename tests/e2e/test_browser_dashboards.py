@@ -202,3 +202,41 @@ def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
         "[data-live-chart][data-url*='eval%2Faccuracy']"
     ).first
     assert held_out.evaluate(TRACE_DRAWN_JS), "the held-out accuracy chart is empty"
+
+
+def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
+    study, guard, monkeypatch
+):
+    """The header (status badge, step n/N, Cancel run) follows the same poll as the
+    charts; no reload."""
+    monkeypatch.setattr("dashboard.views.pages.LIVE_INTERVAL_MS", 400)
+    alice = get_user_model().objects.get(username="alice")
+    run = run_services.submit_run(
+        owner=alice, experiment=study["experiment"], preset="moe-grpo", variant="live",
+        overrides={"run.steps": STEPS},
+    )  # fmt: skip
+    run_services.ingest_metrics(run.pk, [_record(s, seed=0, collapse_at=None, spike=False)
+                                         for s in range(20)])  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, current_step=20)
+    page = guard.new_page()
+    page.goto(f"{study['url']}/dashboard/runs/{run.pk}/")
+    _log_in(page)
+    header = page.locator("h1 [data-field=status]")
+    expect(header).to_have_text("running")
+    cancel = page.get_by_role("button", name="Cancel run")
+    expect(cancel).to_be_visible()
+    expect(page.get_by_role("button", name="Delete run")).to_be_hidden()
+    page.evaluate("window.__sameDocument = true")
+
+    Run.objects.filter(pk=run.pk).update(current_step=150)
+    expect(page.locator(".card [data-field=steps]")).to_have_text(f"150/{STEPS}")
+    expect(page.locator(".card [data-field=progress]")).to_have_attribute("value", "150")
+
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, current_step=STEPS)
+    expect(header).to_have_text("succeeded")
+    expect(header).to_have_class(re.compile(r"\bsucceeded\b"))
+    expect(page.locator(".card [data-field=steps]")).to_have_text(f"{STEPS}/{STEPS}")
+    expect(cancel).to_be_hidden()
+    expect(page.get_by_role("button", name="Delete run")).to_be_visible()
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+    guard.assert_clean()
