@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runs.models import RunStatus
-from tests.dashboard.conftest import payload_traces, records
+from tests.dashboard.conftest import payload_traces, plotly_array, records
 
 N_STEPS = 5000
 SPIKE_STEP = 3217
@@ -255,3 +255,32 @@ def test_run_without_metrics_draws_a_message(alice, make_run):
     body = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
     assert body["running"] is True
     assert "no data yet" in body["figure"]["layout"]["annotations"][0]["text"]
+
+
+def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
+    alice, client, long_run, make_run
+):
+    other = make_run(seed=1, records=records(100, mismatch__kl_k3=lambda s: 2e-3))
+    runs = f"{long_run.pk},{other.pk}"
+    keys = ["mismatch/kl_k3", "reward/accuracy"]
+    response = alice.get(
+        "/dashboard/compare/charts", {"runs": runs, "keys": ",".join(keys), "max_points": 200}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["running"] is True and list(body["charts"]) == keys
+    for key in keys:
+        single = alice.get(
+            "/dashboard/compare/chart", {"runs": runs, "key": key, "max_points": 200}
+        )
+        assert body["charts"][key] == single.json()
+    kl = body["charts"]["mismatch/kl_k3"]["figure"]["data"][0]
+    assert len(plotly_array(kl["x"])) <= 200
+    assert max(plotly_array(kl["y"])) == SPIKE  # the one-step spike survives
+
+    assert alice.get("/dashboard/compare/charts", {"runs": runs}).status_code == 400
+    bad = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a b"})
+    assert bad.status_code == 400 and "keys" in bad.json()["errors"]
+    zoomed = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b", "start": 5})
+    assert zoomed.status_code == 400
+    assert client.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b"}).status_code == 401

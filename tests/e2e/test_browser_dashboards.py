@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from browser_harness import TRACE_DRAWN_JS, chart_points, wait_all_charts_drawn
@@ -239,4 +240,35 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     expect(cancel).to_be_hidden()
     expect(page.get_by_role("button", name="Delete run")).to_be_visible()
     assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+    guard.assert_clean()
+
+
+def test_compare_page_fetches_its_metric_charts_as_one_group(study, guard):
+    """The first chart alone, the rest in one request; a zoomed chart then fetches
+    its own window."""
+    page = guard.new_page()
+    chart_requests: list[str] = []
+    page.on(
+        "request",
+        lambda r: chart_requests.append(r.url) if "/dashboard/compare/chart" in r.url else None,
+    )
+    ids = ",".join(str(r.pk) for r in study["runs"]["none"] + study["runs"]["r3"])
+    page.goto(f"{study['url']}/dashboard/compare/?runs={ids}")
+    _log_in(page)
+    wait_all_charts_drawn(page)
+    grouped = page.locator("[data-live-group] [data-live-chart]")
+    n_charts = grouped.count()
+    assert n_charts > 5
+    assert [u for u in chart_requests if "/compare/chart?" in u] == []
+    group_requests = [u for u in chart_requests if "/compare/charts?" in u]
+    assert len(group_requests) == 2, group_requests
+    key_counts = sorted(
+        len(parse_qs(urlsplit(u).query)["keys"][0].split(",")) for u in group_requests
+    )
+    assert key_counts == [1, n_charts - 1]
+
+    kl = page.locator("[data-live-chart][data-url*='kl_k3']").first
+    assert kl.evaluate(TRACE_DRAWN_JS)
+    with page.expect_response(lambda r: "/compare/chart?" in r.url and "start=110" in r.url):
+        kl.evaluate("el => Plotly.relayout(el, {'xaxis.range': [110, 140]})")
     guard.assert_clean()
