@@ -19,7 +19,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from dashboard.aggregate import Band, Series
-from dashboard.downsample import MIN_POINTS, as_float_array, bin_columns, select_window
+from dashboard.downsample import (
+    MIN_POINTS,
+    as_float_array,
+    bin_columns,
+    select_window,
+    window_downsample_many,
+)
 from dashboard.downsample import window_downsample as _window_downsample
 from dashboard.figures import (
     CollapseMarker,
@@ -71,6 +77,15 @@ def thin(
     return _window_downsample(steps, numeric, window.max_points, window.start, window.end)
 
 
+def thin_many(series: Sequence[Series], window: Window) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``thin`` of several series, downsampled together (vectorised, same result)."""
+    if window.max_points is None:
+        return [thin(x, y, window) for x, y in series]
+    return window_downsample_many(
+        [(x, _numeric(y)) for x, y in series], window.max_points, window.start, window.end
+    )
+
+
 def has_points(series: Series) -> bool:
     return len(series[0]) > 0
 
@@ -87,7 +102,9 @@ def run_lines(
     """One metric of several runs (one label each), the baseline drawn distinctly."""
     if not any(has_points(s) for s in series_by_label.values()):
         return empty_figure(f"{metric_title(key)}: no data yet")
-    thinned = {label: thin(s[0], s[1], window) for label, s in series_by_label.items()}
+    thinned = dict(
+        zip(series_by_label, thin_many(list(series_by_label.values()), window), strict=True)
+    )
     return metric_lines(
         thinned,
         key,
