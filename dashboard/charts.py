@@ -19,7 +19,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from dashboard.aggregate import Band, Series
-from dashboard.downsample import MIN_POINTS, as_float_array, bin_columns, select_window
+from dashboard.downsample import (
+    MIN_POINTS,
+    as_float_array,
+    bin_columns,
+    select_window,
+    window_downsample_many,
+)
 from dashboard.downsample import window_downsample as _window_downsample
 from dashboard.figures import (
     CollapseMarker,
@@ -65,10 +71,19 @@ def thin(
     steps: Sequence[int], values: Sequence[Any], window: Window
 ) -> tuple[np.ndarray, np.ndarray]:
     """The window of one series, downsampled to ``window.max_points`` keeping extremes."""
-    numeric = [v if isinstance(v, int | float) else None for v in values]
+    numeric = _numeric(values)
     if window.max_points is None:
         return select_window(steps, numeric, window.start, window.end)
     return _window_downsample(steps, numeric, window.max_points, window.start, window.end)
+
+
+def thin_many(series: Sequence[Series], window: Window) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``thin`` of several series, downsampled together (vectorised, same result)."""
+    if window.max_points is None:
+        return [thin(x, y, window) for x, y in series]
+    return window_downsample_many(
+        [(x, _numeric(y)) for x, y in series], window.max_points, window.start, window.end
+    )
 
 
 def has_points(series: Series) -> bool:
@@ -87,7 +102,9 @@ def run_lines(
     """One metric of several runs (one label each), the baseline drawn distinctly."""
     if not any(has_points(s) for s in series_by_label.values()):
         return empty_figure(f"{metric_title(key)}: no data yet")
-    thinned = {label: thin(s[0], s[1], window) for label, s in series_by_label.items()}
+    thinned = dict(
+        zip(series_by_label, thin_many(list(series_by_label.values()), window), strict=True)
+    )
     return metric_lines(
         thinned,
         key,
@@ -117,7 +134,10 @@ def variant_bands(
     return seed_band(windowed, key, band=band, max_points=window.max_points, colors=colors)
 
 
-def _numeric(values: Sequence[Any]) -> list[float | None]:
+def _numeric(values: Sequence[Any] | np.ndarray) -> list[float | None] | np.ndarray:
+    """Values as numbers (an array passes through); anything else is a gap."""
+    if isinstance(values, np.ndarray):
+        return values
     return [v if isinstance(v, int | float) else None for v in values]
 
 

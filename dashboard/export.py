@@ -119,7 +119,16 @@ def figure_payload(fig: go.Figure, *, running: bool = False, **extra: Any) -> st
 
     Uses plotly's encoder, which writes numpy arrays as compact typed arrays.
     """
-    body = {"figure": fig.to_plotly_json(), "running": running, **extra}
+    return encode_payload(figure_dict(fig, running=running, **extra))
+
+
+def figure_dict(fig: go.Figure, *, running: bool = False, **extra: Any) -> dict[str, Any]:
+    """``figure_payload`` before encoding, to put several charts in one body."""
+    return {"figure": fig.to_plotly_json(), "running": running, **extra}
+
+
+def encode_payload(body: Any) -> str:
+    """JSON with plotly's encoder (numpy arrays as compact base64 typed arrays)."""
     return json.dumps(body, cls=PlotlyJSONEncoder, separators=(",", ":"))
 
 

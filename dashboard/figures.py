@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -109,20 +110,24 @@ def metric_lines(
     if baseline is not None and baseline not in series_by_run:
         raise ValueError(f"baseline {baseline!r} is not one of the runs drawn")
     tick_format, hover_format = _y_format(key)
-    fig = go.Figure(
-        layout=base_layout(
-            title=title or metric_title(key),
-            x_title="step",
-            y_title=metric_title(key),
-            uirevision=uirevision or key,
-        )
+    layout = base_layout(
+        title=title or metric_title(key),
+        x_title="step",
+        y_title=metric_title(key),
+        uirevision=uirevision or key,
     )
     if tick_format:
-        fig.update_yaxes(tickformat=tick_format)
+        layout["yaxis"]["tickformat"] = tick_format
     order = list(series_by_run)
     if baseline is not None:
         order.remove(baseline)
         order.insert(0, baseline)
+    # Plain trace dicts and an unvalidated Figure: plotly's per-property
+    # validation cost more than downsampling and encoding together (20 runs x
+    # 10 charts, docs/benchmarks.md); these dicts use only fixed, valid keys.
+    traces: list[dict[str, Any]] = []
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for label in order:
         steps, values = series_by_run[label]
@@ -130,18 +135,19 @@ def metric_lines(
         arrays[label] = (x, y)
         is_baseline = label == baseline
         color = BASELINE_COLOR if is_baseline else color_of(label, colors)
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=y,
-                mode="lines",
-                name=f"{label} (baseline)" if is_baseline else label,
-                legendgroup=label,
-                line={"color": color, "width": 2.5 if is_baseline else 1.6}
+        traces.append(
+            {
+                "type": "scatter",
+                "x": x,
+                "y": y,
+                "mode": "lines",
+                "name": f"{label} (baseline)" if is_baseline else label,
+                "legendgroup": label,
+                "line": {"color": color, "width": 2.5 if is_baseline else 1.6}
                 | ({"dash": "dash"} if is_baseline else {}),
-                hovertemplate=f"%{{y:{hover_format}}}",
-                meta={"run": label, "role": "baseline" if is_baseline else "run"},
-            )
+                "hovertemplate": f"%{{y:{hover_format}}}",
+                "meta": {"run": label, "role": "baseline" if is_baseline else "run"},
+            }
         )
     for i, (label, raw) in enumerate((collapse_markers or {}).items()):
         if label not in arrays:
@@ -150,36 +156,54 @@ def metric_lines(
         color = BASELINE_COLOR if label == baseline else color_of(label, colors)
         reason = marker.reason or "reason not recorded"
         hover = f"{label} collapsed at step {marker.step}: {reason}"
-        fig.add_vline(x=marker.step, line={"color": color, "width": 1.2, "dash": "dot"})
-        fig.add_annotation(
-            x=marker.step,
-            xref="x",
-            y=1 - 0.07 * i,
-            yref="paper",
-            yanchor="top",
-            xanchor="left",
-            text=f"{label}: collapse @ {marker.step}",
-            hovertext=hover,
-            showarrow=False,
-            font={"color": color, "size": 11},
-            bgcolor="rgba(255,255,255,0.85)",
+        shapes.append(  # what fig.add_vline draws
+            {
+                "type": "line",
+                "x0": marker.step,
+                "x1": marker.step,
+                "xref": "x",
+                "y0": 0,
+                "y1": 1,
+                "yref": "y domain",
+                "line": {"color": color, "width": 1.2, "dash": "dot"},
+            }
+        )
+        annotations.append(
+            {
+                "x": marker.step,
+                "xref": "x",
+                "y": 1 - 0.07 * i,
+                "yref": "paper",
+                "yanchor": "top",
+                "xanchor": "left",
+                "text": f"{label}: collapse @ {marker.step}",
+                "hovertext": hover,
+                "showarrow": False,
+                "font": {"color": color, "size": 11},
+                "bgcolor": "rgba(255,255,255,0.85)",
+            }
         )
         y_at = _value_at(*arrays[label], marker.step)
         if y_at is not None:
-            fig.add_trace(
-                go.Scatter(
-                    x=[marker.step],
-                    y=[y_at],
-                    mode="markers",
-                    name=f"{label} collapse",
-                    legendgroup=label,
-                    showlegend=False,
-                    marker={"symbol": "x", "size": 11, "color": color, "line": {"width": 1}},
-                    hovertemplate=f"{hover}<extra></extra>",
-                    meta={"run": label, "role": "collapse", "reason": reason},
-                )
+            traces.append(
+                {
+                    "type": "scatter",
+                    "x": [marker.step],
+                    "y": [y_at],
+                    "mode": "markers",
+                    "name": f"{label} collapse",
+                    "legendgroup": label,
+                    "showlegend": False,
+                    "marker": {"symbol": "x", "size": 11, "color": color, "line": {"width": 1}},
+                    "hovertemplate": f"{hover}<extra></extra>",
+                    "meta": {"run": label, "role": "collapse", "reason": reason},
+                }
             )
-    return fig
+    if shapes:
+        layout["shapes"] = shapes
+    if annotations:
+        layout["annotations"] = annotations
+    return go.Figure(data=traces, layout=layout, _validate=False)
 
 
 def seed_band(

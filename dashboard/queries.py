@@ -7,10 +7,9 @@ Metric series come from the platform's ``runs.queries.metric_series_many``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
@@ -22,7 +21,7 @@ from dashboard.stability import RunStats
 from dashboard.survival import RunOutcome
 from experiments.models import Experiment
 from runs.models import Run
-from runs.queries import last_metric_steps, metric_series_many
+from runs.queries import RunSeries, last_metric_steps, metric_series_many
 from trainer import metric_keys as mk
 
 LOG_TAIL_BYTES = 16 * 1024
@@ -105,13 +104,16 @@ def pinned_baselines(experiment_ids: Iterable[int]) -> dict[int, int]:
     )
 
 
-def series_for(runs: Sequence[Run], keys: list[str], *, start=None, end=None) -> dict[int, dict]:
-    """Raw full-resolution series of many runs (one query)."""
+def series_for(
+    runs: Sequence[Run], keys: list[str], *, start=None, end=None
+) -> dict[int, RunSeries]:
+    """Raw full-resolution series of many runs (one query). A key's series holds
+    only the steps that logged it; NaN is a stored non-finite value (a gap)."""
     return metric_series_many([r.pk for r in runs], keys, start=start, end=end)
 
 
-def series_of(data: Mapping[str, Any], key: str) -> Series:
-    return data["steps"], data["series"][key]
+def series_of(data: RunSeries, key: str) -> Series:
+    return data.series[key]
 
 
 def collapse_marker(run: Run) -> CollapseMarker | None:
@@ -163,7 +165,7 @@ def stability_stats(runs: Sequence[Run]) -> StabilityInput:
     stats, skipped = [], []
     for run in runs:
         entry = data[run.pk]
-        last_step = entry["steps"][-1] if entry["steps"] else None
+        last_step = int(entry.steps[-1]) if entry.steps.size else None
         outcome = run_outcome(run, last_step)
         if outcome is None:
             skipped.append(run)

@@ -27,6 +27,7 @@ urlpatterns = [
     ),
     path("sweeps/<int:sweep_id>/chart", endpoints.sweep_chart, name="sweep_chart"),
     path("compare/chart", endpoints.compare_chart, name="compare_chart"),
+    path("compare/charts", endpoints.compare_charts, name="compare_charts"),
     path("stability/chart/<str:chart>", endpoints.stability_chart, name="stability_chart"),
     path("stability/table", endpoints.stability_table, name="stability_table"),
     # team review

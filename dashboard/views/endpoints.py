@@ -18,7 +18,14 @@ from django.shortcuts import get_object_or_404
 
 from dashboard import queries as q
 from dashboard.charts import Window, layer_heatmap, run_lines, variant_bands
-from dashboard.export import EXPORT_FORMATS, export_body, figure_payload, records_to_csv
+from dashboard.export import (
+    EXPORT_FORMATS,
+    encode_payload,
+    export_body,
+    figure_dict,
+    figure_payload,
+    records_to_csv,
+)
 from dashboard.figures import collapse_strip, survival_curves
 from dashboard.stability import stability_table_rows
 from dashboard.style import assign_colors
@@ -115,10 +122,12 @@ def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
     window = _window(request)
     fetch = window.fetch_bounds()
     key = mk.experts_load(layer)
-    data = q.series_for([run], [key], start=fetch[0], end=fetch[1])[run.pk]
+    steps, vectors = q.series_of(
+        q.series_for([run], [key], start=fetch[0], end=fetch[1])[run.pk], key
+    )
     fig = layer_heatmap(
-        data["steps"],
-        data["series"][key],
+        steps,
+        vectors,
         layer,
         window,
         title=f"{q.run_label(run)}: expert load, layer {layer}",
@@ -174,6 +183,47 @@ def compare_chart(request: HttpRequest) -> HttpResponse:
     return chart_response(
         request, fig, running=any(r.is_active for r in runs), filename=f"compare-{_slug(key)}"
     )
+
+
+@login_required_json
+def compare_charts(request: HttpRequest) -> HttpResponse:
+    """Several metrics of the compared runs in ONE response and ONE metric read:
+    ``{"charts": {key: {"figure", "running"}}, "running": bool}``.
+
+    The compare page's chart group (live.js ``LiveGroup``) asks for its first
+    chart alone and for the rest in one request, then polls them together;
+    a zoomed chart fetches its own window from ``compare_chart``.
+    """
+    runs = q.runs_in_order(params.run_ids(request))
+    keys = params.metric_keys(request)
+    window = _window(request)
+    if window.start is not None or window.end is not None:
+        raise BadParameter("start", "a chart group is drawn whole; zoom through compare/chart")
+    baseline_id = params.optional_id(request, "baseline")
+    labels = {r.pk: q.run_label(r) for r in runs}
+    colors = assign_colors(labels.values())
+    markers = {labels[r.pk]: m for r in runs if (m := q.collapse_marker(r))}
+    running = any(r.is_active for r in runs)
+    data = q.series_for(runs, keys)
+    charts = {
+        key: figure_dict(
+            run_lines(
+                {labels[r.pk]: q.series_of(data[r.pk], key) for r in runs},
+                key,
+                window,
+                baseline=labels.get(baseline_id) if baseline_id else None,
+                collapse_markers=markers,
+                colors=colors,
+            ),
+            running=running,
+        )
+        for key in keys
+    }
+    response = HttpResponse(
+        encode_payload({"charts": charts, "running": running}), content_type="application/json"
+    )
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _band(request: HttpRequest) -> str:

@@ -319,6 +319,7 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
             _url("compare_chart", runs=run_param, key=key, baseline=baseline_id),
             metric_title(key),
         )
+        | {"key": key}
         for key in keys
     ]
     moe_runs = [r for r in runs if moe_layers(r.config)]
@@ -347,6 +348,8 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
         "run_param": run_param,
         "baseline_id": baseline_id,
         "charts": charts,
+        # every metric chart's data in one read and one response (live.js LiveGroup)
+        "group_url": _url("compare_charts", runs=run_param, baseline=baseline_id),
         "heatmaps": heatmaps,
         "layers": all_layers,
         "layer": layer,

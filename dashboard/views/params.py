@@ -80,6 +80,17 @@ def metric_key(request: HttpRequest) -> str:
     return key
 
 
+MAX_KEYS = 64
+
+
+def metric_keys(request: HttpRequest) -> list[str]:
+    """``?keys=a,b,c``: the metrics of a chart group, in order, at least one."""
+    keys = list(dict.fromkeys(k for k in request.GET.get("keys", "").split(",") if k))
+    if not keys or len(keys) > MAX_KEYS or not all(METRIC_KEY_RE.match(k) for k in keys):
+        raise BadParameter("keys", f"give 1 to {MAX_KEYS} metric keys, e.g. keys=a/b,c/d")
+    return keys
+
+
 def layer(request: HttpRequest, default: int = 0) -> int:
     value = _int(request, "layer")
     if value is None:

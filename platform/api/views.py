@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import serializers as s
+from dashboard.downsample import MIN_POINTS
 from experiments.models import Experiment
 from experiments.services import create_experiment
 from jobs.health import health
@@ -137,7 +138,7 @@ class RunMetrics(APIView):
             errors["keys"] = [f"at most {MAX_METRIC_KEYS} keys per request"]
         ints = {}
         for name, low, high, default in (
-            ("max_points", 1, 100_000, 1000),
+            ("max_points", MIN_POINTS, 100_000, 1000),
             ("start", 0, 10**9, None),
             ("end", 0, 10**9, None),
         ):
@@ -156,7 +157,6 @@ class RunMetrics(APIView):
             start=ints["start"],
             end=ints["end"],
             max_points=ints["max_points"],
-            last_step=run.current_step - 1 if run.current_step else None,
         )
         return Response({"run": run.pk, "status": run.status, **data})
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import F, FloatField, Max, Q
-from django.db.models.fields.json import KeyTextTransform, KeyTransform
-from django.db.models.functions import Cast, Mod
+import numpy as np
+from django.db import connection
+from django.db.models import Max, Q
 from django.utils import timezone
 
+# One downsampler for the API and the dashboards: a pure numpy module (importing
+# the dashboard package loads no Django, dashboard/__init__.py).
+from dashboard.downsample import MIN_POINTS, downsample_indices
 from runs.models import MetricStep, Run, RunStatus
 from trainer.metric_keys import is_vector_key
 
@@ -22,55 +28,52 @@ def metric_series(
     start: int | None = None,
     end: int | None = None,
     max_points: int = 1000,
-    last_step: int | None = None,
 ) -> dict[str, Any]:
     """``{"steps": [...], "series": {key: [...]}}`` for steps in [start, end], in ONE query.
 
-    Only the requested keys leave the database (JSON key extraction in SQL).
-    Longer ranges are thinned to ``max_points`` by an even stride that always
-    keeps the last step (a live run's newest point). With ``last_step`` known
-    (the run's progress), the stride is applied in SQL, so a 100k-step run
-    sends only ``max_points`` rows.
+    Values are aligned on ``steps``; ``None`` where a step did not log the key
+    or stored a null (a non-finite value). Longer ranges are thinned with the
+    extremes-keeping downsampler the dashboards draw with
+    (dashboard/downsample.py, min and max per bucket): each scalar key gets
+    ``max_points // len(keys)`` points (at least 4) chosen on its own series,
+    the response holds the union of their steps plus the first and last step,
+    so a one-step KL spike survives any ``max_points``. Every row of the
+    range is read for that (one aggregated query, runs.queries
+    ``metric_series_many``). At most ``max_points`` steps, or 4 per key plus
+    the two ends when there are more keys than ``max_points / 4``.
     """
-    rows = MetricStep.objects.filter(run_id=run_id)
-    lo = start or 0
-    if start is not None:
-        rows = rows.filter(step__gte=start)
-    if end is not None:
-        rows = rows.filter(step__lte=end)
-    if last_step is not None:
-        hi = min(end, last_step) if end is not None else last_step
-        span = hi - lo + 1
-        if span > max_points:
-            # One slot is reserved for the last step, which is always kept.
-            stride = math.ceil(span / max(1, max_points - 1))
-            rows = rows.annotate(_phase=Mod(F("step") - lo, stride)).filter(
-                Q(_phase=0) | Q(step__gte=hi)
-            )
-    aliases = {f"k{i}": key for i, key in enumerate(keys)}
-    rows = rows.annotate(**{a: _extract(k) for a, k in aliases.items()})
-    data = list(rows.order_by("step").values_list("step", *aliases))
-    if len(data) > max_points:
-        stride = math.ceil(len(data) / max_points)
-        thinned = data[::stride]
-        if thinned[-1] is not data[-1]:
-            if len(thinned) == max_points:
-                thinned[-1] = data[-1]
+    entry = metric_series_many([run_id], keys, start=start, end=end)[int(run_id)]
+    keys = list(dict.fromkeys(keys))
+    steps = entry.steps
+    if steps.size > max_points:
+        per_key = max(MIN_POINTS, max_points // max(1, len(keys)))
+        kept = [steps[[0, -1]]]
+        for key in keys:
+            key_steps, values = entry.series[key]
+            if is_vector_key(key):  # no extremes to keep: evenly spread
+                pick = np.unique(np.linspace(0, key_steps.size - 1, per_key).astype(np.int64))
+                kept.append(key_steps[pick] if key_steps.size else key_steps)
             else:
-                thinned.append(data[-1])
-        data = thinned
+                kept.append(key_steps[downsample_indices(key_steps, values, per_key)])
+        steps = np.unique(np.concatenate(kept))
     return {
-        "steps": [row[0] for row in data],
-        "series": {key: [row[i + 1] for row in data] for i, key in enumerate(keys)},
+        "steps": steps.tolist(),
+        "series": {key: _aligned(steps, *entry.series[key]) for key in keys},
     }
 
 
-def _extract(key: str):
-    """SQL for one key: scalars as floats (cast in the database, no JSON decoding
-    per row in Python), per-layer load vectors as JSON."""
-    if is_vector_key(key):
-        return KeyTransform(key, "values")
-    return Cast(KeyTextTransform(key, "values"), FloatField())
+def _aligned(steps: np.ndarray, key_steps: np.ndarray, values: np.ndarray | list) -> list:
+    """The key's values at ``steps`` (both ascending); None where it has none or NaN."""
+    if key_steps.size == 0:
+        return [None] * steps.size
+    at = np.minimum(np.searchsorted(key_steps, steps), key_steps.size - 1)
+    present = key_steps[at] == steps
+    if isinstance(values, list):  # vectors
+        return [values[i] if ok else None for i, ok in zip(at.tolist(), present.tolist(), strict=True)]
+    picked = values[at]
+    out = picked.astype(object)
+    out[~(present & np.isfinite(picked))] = None
+    return out.tolist()
 
 
 def metric_keys(run_id: int) -> list[str]:
@@ -106,39 +109,131 @@ def stale_cutoff(seconds: float):
     return timezone.now() - timedelta(seconds=seconds)
 
 
+# A key missing from a step's JSON reads as this marker inside the aggregated
+# text, an explicit JSON null as ``null``: Python's json module parses
+# "Infinity" to +inf, and no stored value can be infinite (JSON has no
+# infinity, and the trainer writes null for NaN/inf: trainer/run_files.py).
+_MISSING = "Infinity"
+_SAFE_KEY = re.compile(r"[A-Za-z0-9_./:-]+")
+
+
+@dataclass
+class RunSeries:
+    """The stored metrics of one run in a step range.
+
+    ``steps``: every stored step (n,), ascending. ``series[key]`` is
+    ``(steps_k, values_k)``: only the steps whose JSON HAS the key, so a
+    metric logged every 10 steps is a 10x shorter series, not one with gaps.
+    Scalar values are float64 arrays where NaN marks a stored null (a
+    non-finite value the chart must break the line at); vector keys
+    (``experts/load/L*``) are lists, ``None`` for a stored null.
+    """
+
+    steps: np.ndarray
+    series: dict[str, tuple[np.ndarray, np.ndarray | list]]
+
+
 def metric_series_many(
     run_ids: list[int],
     keys: list[str],
     *,
     start: int | None = None,
     end: int | None = None,
-) -> dict[int, dict[str, Any]]:
-    """``{run_id: {"steps": [...], "series": {key: [...]}}}`` for many runs in ONE query.
+) -> dict[int, RunSeries]:
+    """``{run_id: RunSeries}`` for many runs and keys in ONE query, full resolution.
 
-    Full resolution in [start, end]: the dashboards downsample on their side
-    with a method that keeps spikes (dashboard/downsample.py). Every run asked
-    for is in the result, with empty lists when it has no stored steps yet;
-    a key missing at a step reads as None.
+    The database extracts the keys (JSON ``->``, which keeps a stored null
+    apart from a missing key: the former reads ``null``, the latter SQL NULL)
+    and aggregates each run's column into one JSON array text, so Python
+    parses one string per run and key instead of one value per row and key
+    (docs/benchmarks.md: measured against per-row reads on SQLite and
+    PostgreSQL). The dashboards downsample on their side with a method that
+    keeps spikes (dashboard/downsample.py). Every run asked for is in the
+    result, empty when it has no stored step in the range.
     """
     ids = list(dict.fromkeys(int(r) for r in run_ids))
-    out: dict[int, dict[str, Any]] = {
-        rid: {"steps": [], "series": {key: [] for key in keys}} for rid in ids
-    }
+    keys = list(dict.fromkeys(keys))
+    bad = [k for k in keys if not _SAFE_KEY.fullmatch(k)]
+    if bad:
+        raise ValueError(f"not a metric key: {bad[0]!r}")
+    empty = np.array([], dtype=np.int64)
+    out = {rid: RunSeries(empty, {k: _empty_series(k) for k in keys}) for rid in ids}
     if not ids:
         return out
-    rows = MetricStep.objects.filter(run_id__in=ids)
-    if start is not None:
-        rows = rows.filter(step__gte=start)
-    if end is not None:
-        rows = rows.filter(step__lte=end)
-    aliases = {f"k{i}": key for i, key in enumerate(keys)}
-    rows = rows.annotate(**{a: _extract(k) for a, k in aliases.items()})
-    for row in rows.order_by("run_id", "step").values_list("run_id", "step", *aliases):
-        entry = out[row[0]]
-        entry["steps"].append(row[1])
-        for i, key in enumerate(keys):
-            entry["series"][key].append(row[i + 2])
+    for run_id, steps_text, *columns in _aggregated_rows(ids, keys, start, end):
+        steps = np.asarray(json.loads(steps_text), dtype=np.int64)
+        parsed = [json.loads(text) for text in columns]
+        if steps.size > 1 and np.any(np.diff(steps) < 0):
+            # SQLite's group_concat follows the subquery's order in practice, not by contract.
+            order = np.argsort(steps, kind="stable")
+            steps = steps[order]
+            parsed = [[values[i] for i in order] for values in parsed]
+        out[run_id] = RunSeries(
+            steps, {k: _present(k, steps, v) for k, v in zip(keys, parsed, strict=True)}
+        )
     return out
+
+
+def _empty_series(key: str) -> tuple[np.ndarray, np.ndarray | list]:
+    empty = np.array([], dtype=np.int64)
+    return (empty, []) if is_vector_key(key) else (empty, np.array([], dtype=np.float64))
+
+
+def _present(key: str, steps: np.ndarray, values: list) -> tuple[np.ndarray, np.ndarray | list]:
+    """Drop the steps where the key is missing (the +inf marker)."""
+    if is_vector_key(key):
+        keep = [i for i, v in enumerate(values) if not (type(v) is float and v == math.inf)]
+        return steps[keep], [values[i] for i in keep]
+    try:
+        array = np.asarray(values, dtype=np.float64)  # null -> NaN
+    except (TypeError, ValueError):  # a string or list stored under a scalar key
+        array = np.array(
+            [v if isinstance(v, int | float) else math.nan for v in values], dtype=np.float64
+        )
+    present = array != math.inf
+    if present.all():
+        return steps, array
+    return steps[present], array[present]
+
+
+def _aggregated_rows(ids: list[int], keys: list[str], start: int | None, end: int | None):
+    """(run_id, steps JSON array, one JSON array per key) per run with stored steps."""
+    table = connection.ops.quote_name(MetricStep._meta.db_table)
+    run_col = connection.ops.quote_name(MetricStep._meta.get_field("run").column)
+    step = connection.ops.quote_name("step")
+    values = connection.ops.quote_name("values")
+    where = [f"{run_col} IN ({', '.join(['%s'] * len(ids))})"]
+    where_params: list[Any] = list(ids)
+    if start is not None:
+        where.append(f"{step} >= %s")
+        where_params.append(int(start))
+    if end is not None:
+        where.append(f"{step} <= %s")
+        where_params.append(int(end))
+    if connection.vendor == "postgresql":
+        cols = [f"'[' || string_agg({step}::text, ',' ORDER BY {step}) || ']'"] + [
+            f"'[' || string_agg(COALESCE(({values} -> %s)::text, '{_MISSING}'), ',' "
+            f"ORDER BY {step}) || ']'"
+            for _ in keys
+        ]
+        key_params = list(keys)
+        source = table
+    else:  # SQLite (3.38+ for ->): aggregate over a subquery sorted by step
+        cols = [f"'[' || group_concat({step}, ',') || ']'"] + [
+            f"'[' || group_concat(COALESCE({values} -> %s, '{_MISSING}'), ',') || ']'"
+            for _ in keys
+        ]
+        key_params = [f'$."{k}"' for k in keys]
+        source = f"(SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY {run_col}, {step})"
+        where = []  # applied inside the subquery
+    sql = f"SELECT {run_col}, {', '.join(cols)} FROM {source}"
+    if where:
+        sql += f" WHERE {' AND '.join(where)}"
+    sql += f" GROUP BY {run_col}"
+    params = key_params + where_params  # in the order their placeholders appear
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def last_metric_steps(run_ids: list[int]) -> dict[int, int]:

@@ -8,6 +8,7 @@ from dashboard.downsample import (
     bin_columns,
     downsample,
     downsample_indices,
+    downsample_many,
     select_window,
     window_downsample,
 )
@@ -147,3 +148,23 @@ def test_bin_columns_averages_and_keeps_distributions():
     np.testing.assert_allclose(z.sum(axis=0), 1.0)
     x, z = bin_columns(steps, load, 10)
     assert z.shape == (2, 6)
+
+
+def test_downsample_many_equals_downsample_of_each_series():
+    """The vectorised path picks exactly the points of the one-series path: ties,
+    gaps (sparse and denser than the budget), unsorted steps, short series."""
+    rng = np.random.default_rng(1)
+    cases = []
+    for _ in range(120):
+        n = int(rng.integers(1, 2500))
+        y = rng.normal(size=n).round(int(rng.integers(0, 3)))  # rounding makes ties
+        if rng.random() < 0.5:
+            y[rng.random(n) < rng.choice([0.001, 0.01, 0.3])] = np.nan
+        x = np.arange(n) * 3
+        if rng.random() < 0.2:
+            x = rng.permutation(x)
+        cases.append((x, y))
+    for max_points in (4, 5, 7, 50, 500):
+        for (x, y), (mx, my) in zip(cases, downsample_many(cases, max_points), strict=True):
+            ex, ey = downsample(x, y, max_points)
+            assert np.array_equal(ex, mx) and np.array_equal(ey, my, equal_nan=True)

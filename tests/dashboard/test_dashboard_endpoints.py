@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runs.models import RunStatus
-from tests.dashboard.conftest import payload_traces, records
+from tests.dashboard.conftest import payload_traces, plotly_array, records
 
 N_STEPS = 5000
 SPIKE_STEP = 3217
@@ -80,12 +80,14 @@ def test_csv_download_is_full_resolution_unless_max_points(alice, long_run):
     assert max(float(r["y"]) for r in thinned) == SPIKE
 
 
-def test_json_download_has_named_traces_and_nulls_for_gaps(alice, make_run):
+def test_json_download_skips_missing_keys_and_keeps_stored_nulls_as_gaps(alice, make_run):
     run = make_run(
         records=[
             {"step": 0, "reward/accuracy": 0.1},
-            {"step": 1, "reward/mean": 0.3},  # accuracy missing at step 1: a gap
+            {"step": 1, "reward/mean": 0.3},  # not logged at step 1: skipped, no gap
             {"step": 2, "reward/accuracy": 0.3},
+            {"step": 3, "reward/accuracy": None},  # a non-finite value, stored as null: a gap
+            {"step": 4, "reward/accuracy": 0.5},
         ]
     )
     response = alice.get(
@@ -96,8 +98,31 @@ def test_json_download_has_named_traces_and_nulls_for_gaps(alice, make_run):
     data = response.json()
     (trace,) = data["traces"]
     assert trace["name"] == f"#{run.pk} none s0"
-    assert trace["x"] == [0, 1, 2]
-    assert trace["y"] == [0.1, None, 0.3]
+    assert trace["x"] == [0, 2, 3, 4]
+    assert trace["y"] == [0.1, 0.3, None, 0.5]
+
+
+def test_sparse_metric_is_one_unbroken_line_when_downsampled(alice, make_run):
+    """eval/accuracy logged every 10th step: the steps between do not have the key,
+    so the drawn series is its 30 points joined, not 300 gaps."""
+    run = make_run(
+        records=[
+            {
+                "step": s,
+                "reward/accuracy": 0.5,
+                **({"eval/accuracy": s / 300} if s % 10 == 0 else {}),
+            }
+            for s in range(300)
+        ]
+    )
+    for max_points in (500, 8):
+        response = alice.get(
+            f"/dashboard/runs/{run.pk}/chart", {"key": "eval/accuracy", "max_points": max_points}
+        )
+        (trace,) = payload_traces(response)
+        x, y = np.asarray(trace["x"]), np.asarray(trace["y"], dtype=float)
+        assert len(x) == (30 if max_points == 500 else 8)
+        assert np.isfinite(y).all() and x[0] == 0 and x[-1] == 290
 
 
 def test_compare_chart_overlays_runs_and_marks_collapse(alice, make_run):
@@ -230,3 +255,32 @@ def test_run_without_metrics_draws_a_message(alice, make_run):
     body = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
     assert body["running"] is True
     assert "no data yet" in body["figure"]["layout"]["annotations"][0]["text"]
+
+
+def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
+    alice, client, long_run, make_run
+):
+    other = make_run(seed=1, records=records(100, mismatch__kl_k3=lambda s: 2e-3))
+    runs = f"{long_run.pk},{other.pk}"
+    keys = ["mismatch/kl_k3", "reward/accuracy"]
+    response = alice.get(
+        "/dashboard/compare/charts", {"runs": runs, "keys": ",".join(keys), "max_points": 200}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["running"] is True and list(body["charts"]) == keys
+    for key in keys:
+        single = alice.get(
+            "/dashboard/compare/chart", {"runs": runs, "key": key, "max_points": 200}
+        )
+        assert body["charts"][key] == single.json()
+    kl = body["charts"]["mismatch/kl_k3"]["figure"]["data"][0]
+    assert len(plotly_array(kl["x"])) <= 200
+    assert max(plotly_array(kl["y"])) == SPIKE  # the one-step spike survives
+
+    assert alice.get("/dashboard/compare/charts", {"runs": runs}).status_code == 400
+    bad = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a b"})
+    assert bad.status_code == 400 and "keys" in bad.json()["errors"]
+    zoomed = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b", "start": 5})
+    assert zoomed.status_code == 400
+    assert client.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b"}).status_code == 401

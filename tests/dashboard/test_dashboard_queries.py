@@ -62,6 +62,7 @@ def _ids(ids: list[int]) -> str:
     [
         ("/dashboard/compare/", {}),
         ("/dashboard/compare/chart", {"key": "reward/accuracy"}),
+        ("/dashboard/compare/charts", {"keys": "reward/accuracy,mismatch/kl_k3,eval/accuracy"}),
         ("/dashboard/stability/", {}),
         ("/dashboard/stability/chart/collapse", {}),
         ("/dashboard/stability/chart/survival", {}),
@@ -115,5 +116,17 @@ def test_one_metrics_query_per_run_set(alice, run_sets):
     _, large = run_sets
     with CaptureQueriesContext(connection) as ctx:
         alice.get("/dashboard/compare/chart", {"runs": _ids(large), "key": "mismatch/kl_k3"})
+    metric_reads = [q["sql"] for q in ctx.captured_queries if "runs_metricstep" in q["sql"]]
+    assert len(metric_reads) == 1
+
+
+def test_compare_chart_group_reads_all_its_metrics_in_one_query(alice, run_sets):
+    """Ten charts of the compare page: one SELECT on the metric table, not ten."""
+    _, large = run_sets
+    keys = "reward/accuracy,mismatch/kl_k3,mismatch/kl_k1,eval/accuracy"
+    with CaptureQueriesContext(connection) as ctx:
+        response = alice.get("/dashboard/compare/charts", {"runs": _ids(large), "keys": keys})
+    assert response.status_code == 200
+    assert list(response.json()["charts"]) == keys.split(",")
     metric_reads = [q["sql"] for q in ctx.captured_queries if "runs_metricstep" in q["sql"]]
     assert len(metric_reads) == 1

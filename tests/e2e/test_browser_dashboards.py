@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from browser_harness import TRACE_DRAWN_JS, chart_points, wait_all_charts_drawn
@@ -192,12 +193,6 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
     screenshots.take(page, "experiment-variants", docs=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dashboard: a key logged every run.eval_every steps (eval/accuracy) reads as None "
-    "between its steps, each None becomes a gap, and a lines-only trace of isolated points "
-    "draws nothing",
-)
 def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
     page = guard.new_page()
     page.goto(f"{study['url']}/dashboard/runs/{study['runs']['r3'][0].pk}/")
@@ -208,3 +203,72 @@ def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
         "[data-live-chart][data-url*='eval%2Faccuracy']"
     ).first
     assert held_out.evaluate(TRACE_DRAWN_JS), "the held-out accuracy chart is empty"
+
+
+def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
+    study, guard, monkeypatch
+):
+    """The header (status badge, step n/N, Cancel run) follows the same poll as the
+    charts; no reload."""
+    monkeypatch.setattr("dashboard.views.pages.LIVE_INTERVAL_MS", 400)
+    alice = get_user_model().objects.get(username="alice")
+    run = run_services.submit_run(
+        owner=alice, experiment=study["experiment"], preset="moe-grpo", variant="live",
+        overrides={"run.steps": STEPS},
+    )  # fmt: skip
+    run_services.ingest_metrics(run.pk, [_record(s, seed=0, collapse_at=None, spike=False)
+                                         for s in range(20)])  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, current_step=20)
+    page = guard.new_page()
+    page.goto(f"{study['url']}/dashboard/runs/{run.pk}/")
+    _log_in(page)
+    header = page.locator("h1 [data-field=status]")
+    expect(header).to_have_text("running")
+    cancel = page.get_by_role("button", name="Cancel run")
+    expect(cancel).to_be_visible()
+    expect(page.get_by_role("button", name="Delete run")).to_be_hidden()
+    page.evaluate("window.__sameDocument = true")
+
+    Run.objects.filter(pk=run.pk).update(current_step=150)
+    expect(page.locator(".card [data-field=steps]")).to_have_text(f"150/{STEPS}")
+    expect(page.locator(".card [data-field=progress]")).to_have_attribute("value", "150")
+
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, current_step=STEPS)
+    expect(header).to_have_text("succeeded")
+    expect(header).to_have_class(re.compile(r"\bsucceeded\b"))
+    expect(page.locator(".card [data-field=steps]")).to_have_text(f"{STEPS}/{STEPS}")
+    expect(cancel).to_be_hidden()
+    expect(page.get_by_role("button", name="Delete run")).to_be_visible()
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+    guard.assert_clean()
+
+
+def test_compare_page_fetches_its_metric_charts_as_one_group(study, guard):
+    """The first chart alone, the rest in one request; a zoomed chart then fetches
+    its own window."""
+    page = guard.new_page()
+    chart_requests: list[str] = []
+    page.on(
+        "request",
+        lambda r: chart_requests.append(r.url) if "/dashboard/compare/chart" in r.url else None,
+    )
+    ids = ",".join(str(r.pk) for r in study["runs"]["none"] + study["runs"]["r3"])
+    page.goto(f"{study['url']}/dashboard/compare/?runs={ids}")
+    _log_in(page)
+    wait_all_charts_drawn(page)
+    grouped = page.locator("[data-live-group] [data-live-chart]")
+    n_charts = grouped.count()
+    assert n_charts > 5
+    assert [u for u in chart_requests if "/compare/chart?" in u] == []
+    group_requests = [u for u in chart_requests if "/compare/charts?" in u]
+    assert len(group_requests) == 2, group_requests
+    key_counts = sorted(
+        len(parse_qs(urlsplit(u).query)["keys"][0].split(",")) for u in group_requests
+    )
+    assert key_counts == [1, n_charts - 1]
+
+    kl = page.locator("[data-live-chart][data-url*='kl_k3']").first
+    assert kl.evaluate(TRACE_DRAWN_JS)
+    with page.expect_response(lambda r: "/compare/chart?" in r.url and "start=110" in r.url):
+        kl.evaluate("el => Plotly.relayout(el, {'xaxis.range': [110, 140]})")
+    guard.assert_clean()

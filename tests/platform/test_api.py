@@ -162,6 +162,34 @@ def test_metrics_endpoint(api, experiment, tiny):
     assert api.get("/api/runs/424242/metrics").status_code == 404
 
 
+def test_metrics_endpoint_thinning_keeps_a_one_step_kl_spike(api, experiment, tiny):
+    run = _create_run(api, experiment, tiny)
+    spike_step = 3217
+    ingest_metrics(
+        run["id"],
+        [
+            {
+                "step": s,
+                "mismatch/kl_k3": 0.75 if s == spike_step else 1e-3,
+                "reward/mean": s / 5000,
+            }
+            for s in range(5000)
+        ],
+    )
+    body = api.get(
+        f"/api/runs/{run['id']}/metrics", {"keys": "mismatch/kl_k3,reward/mean", "max_points": 50}
+    ).json()
+    assert len(body["steps"]) <= 50 and body["steps"][-1] == 4999
+    kl = dict(zip(body["steps"], body["series"]["mismatch/kl_k3"], strict=True))
+    assert kl[spike_step] == 0.75  # every n-th step would have dropped it
+    assert (
+        api.get(
+            f"/api/runs/{run['id']}/metrics", {"keys": "reward/mean", "max_points": 3}
+        ).status_code
+        == 400
+    )
+
+
 def test_sweep_preview_and_create(api, experiment):
     payload = {
         "experiment": experiment.pk,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -220,19 +221,20 @@ def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experim
     assert data["steps"] == sorted(set(data["steps"]))
 
 
-def test_metric_series_thins_in_sql_when_the_last_step_is_known(
+def test_metric_series_keeps_every_keys_extremes_in_one_query(
     user, experiment, django_assert_num_queries
 ):
     run = _run(user, experiment)
-    runs.ingest_metrics(run.pk, _lines(range(1000), layers=0))
+    lines = [{"step": s, "a": 0.0, "b": 1.0} for s in range(1000)]
+    lines[337]["a"], lines[338]["b"] = 5.0, -7.0  # one-step spikes, one per key
+    runs.ingest_metrics(run.pk, lines)
     with django_assert_num_queries(1):
-        data = queries.metric_series(run.pk, ["policy/loss"], max_points=100, last_step=999)
-    assert len(data["steps"]) <= 100
-    assert data["steps"][:3] == [0, 11, 22] and data["steps"][-1] == 999
-    assert data["series"]["policy/loss"][1] == -11
-    ranged = queries.metric_series(
-        run.pk, ["policy/loss"], start=500, end=599, max_points=10, last_step=999
-    )
+        data = queries.metric_series(run.pk, ["a", "b"], max_points=40)
+    assert len(data["steps"]) <= 40
+    assert data["steps"][0] == 0 and data["steps"][-1] == 999
+    assert max(v for v in data["series"]["a"] if v is not None) == 5.0
+    assert min(v for v in data["series"]["b"] if v is not None) == -7.0
+    ranged = queries.metric_series(run.pk, ["a"], start=500, end=599, max_points=10)
     assert ranged["steps"][0] == 500 and ranged["steps"][-1] == 599 and len(ranged["steps"]) <= 10
 
 
@@ -267,3 +269,32 @@ def test_comment_needs_a_body(user, experiment):
         runs.add_comment(author=user, body="   ", run=run)
     comment = runs.add_comment(author=user, body="<b>collapsed at 40</b>", run=run)
     assert comment.body == "<b>collapsed at 40</b>"
+
+
+def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
+    user, experiment, django_assert_num_queries
+):
+    """A key a step did not log is no point at all; a stored null (NaN/inf in the
+    trainer) is a NaN point, where a chart breaks the line."""
+    a, b = _run(user, experiment), _run(user, experiment)
+    runs.ingest_metrics(
+        a.pk,
+        [
+            {"step": 0, "eval/accuracy": 0.1, "reward/mean": 1.0},
+            {"step": 1, "reward/mean": 2.0},
+            {"step": 2, "eval/accuracy": None, "reward/mean": 3.0},
+            {"step": 3, "eval/accuracy": 0.4, "experts/load/L0": [0.5, 0.5]},
+        ],
+    )
+    with django_assert_num_queries(1):
+        data = queries.metric_series_many(
+            [a.pk, b.pk], ["eval/accuracy", "reward/mean", "experts/load/L0"], start=0, end=3
+        )
+    assert data[a.pk].steps.tolist() == [0, 1, 2, 3]
+    steps, values = data[a.pk].series["eval/accuracy"]
+    assert steps.tolist() == [0, 2, 3]
+    assert values[0] == 0.1 and math.isnan(values[1]) and values[2] == 0.4
+    assert data[a.pk].series["reward/mean"][0].tolist() == [0, 1, 2]
+    assert data[a.pk].series["experts/load/L0"][0].tolist() == [3]
+    assert data[a.pk].series["experts/load/L0"][1] == [[0.5, 0.5]]
+    assert data[b.pk].steps.size == 0 and data[b.pk].series["reward/mean"][0].size == 0

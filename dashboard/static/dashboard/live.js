@@ -17,6 +17,17 @@
  *             data-interval-ms="5000" data-max-points="500"></div>
  * and this script: every such element is attached on DOMContentLoaded, or
  * call DashboardLive.attach(element, url, options) yourself.
+ *
+ * Chart groups: charts inside <div data-live-group="<url>"> that carry
+ * data-group-key="<metric key>" are fetched together from the group's
+ * endpoint, which answers ?keys=a,b&max_points= with
+ *   {"charts": {key: {"figure", "running"}}, "running": bool}
+ * from ONE metric read (the compare page: 10+ charts of 20 runs). The first
+ * chart is asked for alone so that it is drawn before the rest arrive, the
+ * others in one request; then the group is polled as one. A chart the user
+ * zooms leaves its group and fetches its own window from its data-url.
+ * Charts outside groups start once the groups' first charts are drawn, so
+ * they do not delay them.
  */
 (function (root) {
   "use strict";
@@ -74,8 +85,8 @@
     this.onVisibility = function () {
       if (root.document.hidden) {
         root.clearTimeout(self.timer);
-      } else if (self.running) {
-        self.refresh();
+      } else if (self.running && !self.group) {
+        self.refresh(); // a grouped chart is refreshed by its group
       }
     };
     root.document.addEventListener("visibilitychange", this.onVisibility);
@@ -111,6 +122,12 @@
     }
     if (controller !== this.controller || this.stopped) return;
     this.controller = null;
+    await this.draw(payload);
+    this.schedule();
+  };
+
+  /* Draw a {"figure", "running"} payload (from this chart's URL or its group's). */
+  LiveChart.prototype.draw = async function (payload) {
     this.running = Boolean(payload.running);
     this.drawing = true;
     try {
@@ -131,11 +148,11 @@
       this.bound = true;
     }
     this.emit("livechart:update", { running: this.running, window: this.window });
-    this.schedule();
   };
 
   LiveChart.prototype.schedule = function () {
     root.clearTimeout(this.timer);
+    if (this.group) return; // the group polls its charts
     if (this.running && !this.stopped && !root.document.hidden) {
       var self = this;
       this.timer = root.setTimeout(function () {
@@ -151,6 +168,7 @@
     var win = visibleWindow(event);
     if (win === undefined) return;
     this.window = win;
+    this.group = null; // from now on this chart fetches (and polls) its own window
     this.refresh();
   };
 
@@ -158,6 +176,106 @@
     this.stopped = true;
     root.clearTimeout(this.timer);
     if (this.controller) this.controller.abort();
+    root.document.removeEventListener("visibilitychange", this.onVisibility);
+  };
+
+  /* The group endpoint URL for some of its charts' keys. */
+  function groupUrl(base, maxPoints, keys, origin) {
+    var url = new URL(base, origin || root.location.href);
+    url.searchParams.set("max_points", String(maxPoints));
+    url.searchParams.set("keys", keys.join(","));
+    return url.toString();
+  }
+
+  function LiveGroup(element, url, charts, options) {
+    this.element = element;
+    this.url = url;
+    this.charts = charts;
+    this.options = Object.assign({}, DEFAULTS, options || {});
+    this.running = true;
+    this.timer = null;
+    this.stopped = false;
+    var self = this;
+    charts.forEach(function (chart) {
+      chart.group = self;
+    });
+    this.onVisibility = function () {
+      if (root.document.hidden) {
+        root.clearTimeout(self.timer);
+      } else if (self.running) {
+        self.refresh();
+      }
+    };
+    root.document.addEventListener("visibilitychange", this.onVisibility);
+  }
+
+  /* The charts still drawn from this group (not zoomed away, not stopped). */
+  LiveGroup.prototype.members = function () {
+    var self = this;
+    return this.charts.filter(function (chart) {
+      return chart.group === self && !chart.stopped;
+    });
+  };
+
+  LiveGroup.prototype.load = async function (charts) {
+    if (!charts.length || this.stopped) return;
+    var self = this;
+    var keys = charts.map(function (chart) {
+      return chart.key;
+    });
+    var payload;
+    try {
+      var response = await root.fetch(groupUrl(this.url, this.options.maxPoints, keys), {
+        credentials: "same-origin",
+        headers: { Accept: "application/json" },
+      });
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      payload = await response.json();
+    } catch (err) {
+      charts.forEach(function (chart) {
+        chart.emit("livechart:error", { error: String(err) });
+      });
+      return;
+    }
+    this.running = Boolean(payload.running);
+    await Promise.all(
+      charts.map(function (chart) {
+        var body = payload.charts && payload.charts[chart.key];
+        // A chart zoomed while this was in flight draws its own window instead.
+        return body && chart.group === self && !chart.stopped ? chart.draw(body) : null;
+      }),
+    );
+  };
+
+  /* First chart alone, the rest in one request (both in flight at once). */
+  LiveGroup.prototype.start = function () {
+    var members = this.members();
+    this.firstDrawn = this.load(members.slice(0, 1));
+    var self = this;
+    return Promise.all([this.firstDrawn, this.load(members.slice(1))]).then(function () {
+      self.schedule();
+    });
+  };
+
+  LiveGroup.prototype.refresh = async function () {
+    root.clearTimeout(this.timer);
+    await this.load(this.members());
+    this.schedule();
+  };
+
+  LiveGroup.prototype.schedule = function () {
+    root.clearTimeout(this.timer);
+    if (this.running && !this.stopped && !root.document.hidden && this.members().length) {
+      var self = this;
+      this.timer = root.setTimeout(function () {
+        self.refresh();
+      }, this.options.intervalMs);
+    }
+  };
+
+  LiveGroup.prototype.stop = function () {
+    this.stopped = true;
+    root.clearTimeout(this.timer);
     root.document.removeEventListener("visibilitychange", this.onVisibility);
   };
 
@@ -170,23 +288,63 @@
     return chart;
   }
 
+  function chartOptions(element) {
+    return {
+      intervalMs: Number(element.dataset.intervalMs) || DEFAULTS.intervalMs,
+      maxPoints: Number(element.dataset.maxPoints) || DEFAULTS.maxPoints,
+    };
+  }
+
   function attachAll(scope) {
-    var elements = (scope || root.document).querySelectorAll("[data-live-chart]");
-    return Array.prototype.map.call(elements, function (element) {
-      var data = element.dataset;
-      return attach(element, data.url, {
-        intervalMs: Number(data.intervalMs) || DEFAULTS.intervalMs,
-        maxPoints: Number(data.maxPoints) || DEFAULTS.maxPoints,
+    var base = scope || root.document;
+    var grouped = new Set();
+    var charts = [];
+    var firsts = [];
+    Array.prototype.forEach.call(base.querySelectorAll("[data-live-group]"), function (groupEl) {
+      var members = Array.prototype.filter.call(
+        groupEl.querySelectorAll("[data-live-chart][data-group-key]"),
+        function (element) {
+          return !grouped.has(element);
+        },
+      );
+      if (!members.length) return;
+      var liveCharts = members.map(function (element) {
+        grouped.add(element);
+        var chart = new LiveChart(element, element.dataset.url, chartOptions(element));
+        chart.key = element.dataset.groupKey;
+        element.liveChart = chart;
+        return chart;
       });
+      var group = new LiveGroup(groupEl, groupEl.dataset.liveGroup, liveCharts, chartOptions(members[0]));
+      groupEl.liveGroup = group;
+      group.start();
+      firsts.push(group.firstDrawn);
+      charts = charts.concat(liveCharts);
     });
+    var single = Array.prototype.filter.call(base.querySelectorAll("[data-live-chart]"), function (element) {
+      return !grouped.has(element);
+    });
+    function startSingles() {
+      single.forEach(function (element) {
+        charts.push(attach(element, element.dataset.url, chartOptions(element)));
+      });
+    }
+    if (firsts.length) {
+      Promise.all(firsts).then(startSingles, startSingles);
+    } else {
+      startSingles();
+    }
+    return charts;
   }
 
   var api = {
     LiveChart: LiveChart,
+    LiveGroup: LiveGroup,
     attach: attach,
     attachAll: attachAll,
     visibleWindow: visibleWindow,
     chartUrl: chartUrl,
+    groupUrl: groupUrl,
   };
   root.DashboardLive = api;
   if (typeof module !== "undefined" && module.exports) module.exports = api;

@@ -5,8 +5,11 @@
  *   points that chart (and its CSV/JSON links) at ?layer=<n> and redraws it.
  *   The heatmap's uirevision is shared by all layers, so the x zoom stays.
  * - [data-run-status="<url>"]: while the run is queued or running, polls the
- *   run's status endpoint and updates the [data-field] elements inside the
- *   page (status, progress, steps, collapse, log) as text, never as HTML.
+ *   run's status endpoint at the charts' interval and updates every
+ *   [data-field] element of the page (status, progress, steps, collapse,
+ *   log: the page header and the dashboard section alike) as text, never as
+ *   HTML; [data-show-when="active"|"finished"] elements (cancel / delete) are
+ *   shown or hidden as the run is active or not.
  */
 (function (root) {
   "use strict";
@@ -35,17 +38,27 @@
     });
   }
 
-  function setText(scope, field, text) {
-    var el = scope.querySelector('[data-field="' + field + '"]');
-    if (el) el.textContent = text;
-    return el;
+  function fields(name) {
+    return root.document.querySelectorAll('[data-field="' + name + '"]');
+  }
+
+  function setText(name, text) {
+    Array.prototype.forEach.call(fields(name), function (el) {
+      el.textContent = text;
+    });
+  }
+
+  function showWhen(active) {
+    var els = root.document.querySelectorAll("[data-show-when]");
+    Array.prototype.forEach.call(els, function (el) {
+      el.hidden = (el.dataset.showWhen === "active") !== active;
+    });
   }
 
   function attachStatus(section) {
     var url = section.dataset.runStatus;
     var interval = Number(section.dataset.intervalMs) || 5000;
     var running = section.dataset.running === "true";
-    var page = root.document;
 
     async function poll() {
       try {
@@ -55,18 +68,24 @@
         });
         if (!response.ok) throw new Error("HTTP " + response.status);
         var s = await response.json();
-        var status = setText(section, "status", s.status);
-        if (status) status.className = "status status-" + s.status;
-        setText(section, "steps", s.current_step + "/" + s.total_steps);
-        var progress = section.querySelector('[data-field="progress"]');
-        if (progress) progress.value = s.current_step;
+        setText("status", s.status);
+        Array.prototype.forEach.call(fields("status"), function (el) {
+          // the platform's stylesheet styles ".status.running", the dashboard's ".status-running"
+          el.className = "status " + s.status + " status-" + s.status;
+        });
+        setText("steps", s.current_step + "/" + s.total_steps);
+        Array.prototype.forEach.call(fields("progress"), function (el) {
+          el.max = s.total_steps;
+          el.value = s.current_step;
+        });
+        showWhen(Boolean(s.running));
         var collapse = section.querySelector('[data-field="collapse"]');
         if (collapse && s.collapsed) {
           collapse.hidden = false;
           collapse.textContent =
             "Collapsed at step " + s.collapse_step + ": " + (s.collapse_reason || "reason not recorded");
         }
-        if (s.log_tail !== null && s.log_tail !== undefined) setText(page, "log", s.log_tail);
+        if (s.log_tail !== null && s.log_tail !== undefined) setText("log", s.log_tail);
         running = Boolean(s.running);
         section.dataset.running = running ? "true" : "false";
       } catch (err) {
