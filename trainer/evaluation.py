@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.data import collate_prompts
+from trainer.data import collate_prompts, decode_responses
 from trainer.rollout import RolloutEngine
 from trainer.tasks import Problem, Task
-
-
-def response_texts(tokens: torch.Tensor, response_mask: torch.Tensor, task: Task) -> list[str]:
-    """Decode each row's response tokens (B, T) -> list of B strings."""
-    out = []
-    for row, mask in zip(tokens.tolist(), response_mask.tolist(), strict=True):
-        out.append(task.tokenizer.decode([t for t, m in zip(row, mask, strict=True) if m]))
-    return out
 
 
 @torch.no_grad()
@@ -44,6 +36,6 @@ def greedy_accuracy(
             pad_id=tok.pad_id,
             generator=None,
         )
-        texts = response_texts(batch.tokens, batch.response_mask, task)
+        texts = decode_responses(batch.tokens, batch.response_mask, tok)
         correct += sum(task.is_correct(p, t) for p, t in zip(chunk, texts, strict=True))
     return correct / len(problems)

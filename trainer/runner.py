@@ -34,8 +34,8 @@ from trainer import metric_keys as K
 from trainer.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from trainer.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
-from trainer.data import collate_prompts, repeat_for_groups
-from trainer.evaluation import greedy_accuracy, response_texts
+from trainer.data import collate_prompts, decode_responses, repeat_for_groups
+from trainer.evaluation import greedy_accuracy
 from trainer.model import TransformerLM
 from trainer.progress import Progress
 from trainer.rollout import RolloutEngine
@@ -260,7 +260,7 @@ def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, devic
     t_rollout = time.perf_counter()
 
     # 2. score: verifiable rewards.
-    texts = response_texts(rollout.tokens, rollout.response_mask, task)
+    texts = decode_responses(rollout.tokens, rollout.response_mask, tok)
     rewards = torch.tensor([task.reward(p, t) for p, t in zip(problems, texts, strict=True)])
     correct = torch.tensor(
         [float(task.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)]

@@ -11,27 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from experiments.services import create_experiment
 from runs import services as run_services
 from runs.models import Run, RunStatus
-
-
-@pytest.fixture
-def user(db):
-    return get_user_model().objects.create_user("alice", password="pw-alice")
-
-
-@pytest.fixture
-def other_user(db):
-    return get_user_model().objects.create_user("bob", password="pw-bob")
-
-
-@pytest.fixture
-def staff_user(db):
-    return get_user_model().objects.create_user("carol", password="pw-carol", is_staff=True)
 
 
 @pytest.fixture

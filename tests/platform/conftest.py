@@ -11,25 +11,9 @@ The suite runs on SQLite (default) and on PostgreSQL:
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from experiments.services import create_experiment
-
-
-@pytest.fixture
-def user(db):
-    return get_user_model().objects.create_user("alice", password="pw-alice")
-
-
-@pytest.fixture
-def other_user(db):
-    return get_user_model().objects.create_user("bob", password="pw-bob")
-
-
-@pytest.fixture
-def staff_user(db):
-    return get_user_model().objects.create_user("carol", password="pw-carol", is_staff=True)
 
 
 @pytest.fixture
