@@ -272,7 +272,7 @@ def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, devic
     #    (R3 replays the engine's routing there; the step's replay mask comes first).
     stabilizers = updater.stabilizers
     metrics = stabilizers.begin_step(step, data)
-    metrics.update(measure_batch(cfg, policy, updater, data, step))
+    metrics.update(measure_batch(cfg, policy, updater, data))
     t_measure = time.perf_counter()
 
     # 4-5. advantages and the off-policy update, then the routing controllers

@@ -94,7 +94,6 @@ def measure_batch(
     policy: TransformerLM,
     updater: PolicyUpdater,
     data: RolloutData,
-    step: int,
 ) -> dict[str, Any]:
     """Old log-probs, reference log-probs, values and the mismatch metrics.
 
@@ -127,10 +126,14 @@ def measure_batch(
             seen = seen & data.routing_mask
             # Natural choice of the training router vs the engine: the gap itself,
             # measured even when replay hides it from training.
-            metrics.update(routing_mismatch(data.old_routing, data.rollout_routing, seen))
-            effective = routing_mismatch(
-                [r.used_indices for r in out.routing], data.rollout_routing, seen
-            )
+            natural = routing_mismatch(data.old_routing, data.rollout_routing, seen)
+            metrics.update(natural)
+            # Without replay the layers used their natural choice: the same number, not recomputed.
+            effective = natural
+            if override is not None:
+                effective = routing_mismatch(
+                    [r.used_indices for r in out.routing], data.rollout_routing, seen
+                )
             metrics[K.MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY] = effective[
                 K.MISMATCH_ROUTING_INCONSISTENCY
             ]

@@ -87,7 +87,7 @@ def test_r3_trains_on_the_rollout_routing_while_the_natural_gap_is_still_measure
     cfg, policy, updater, data = rollout_setup(routing_replay="r3", z_loss_coef=1e-3)
     metrics = updater.stabilizers.begin_step(0, data)
     assert metrics[K.R3_REPLAYED_FRAC] == 1.0  # no warm-up: every recorded pair replays
-    metrics.update(measure_batch(cfg, policy, updater, data, 0))
+    metrics.update(measure_batch(cfg, policy, updater, data))
     assert metrics[K.MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY] == 0.0
     assert metrics[K.MISMATCH_ROUTING_INCONSISTENCY] > 0.0  # the bf16 engine's real gap
 
@@ -101,7 +101,7 @@ def test_r3_trains_on_the_rollout_routing_while_the_natural_gap_is_still_measure
 def test_r2_replays_the_old_policy_routing_not_the_engine_one():
     cfg, policy, updater, data = rollout_setup(routing_replay="r2", z_loss_coef=1e-3)
     assert updater.stabilizers.begin_step(0, data) == {}  # R2 has no engine mask
-    metrics = measure_batch(cfg, policy, updater, data, 0)
+    metrics = measure_batch(cfg, policy, updater, data)
     # The measure forward is the old policy itself: nothing replayed there.
     assert metrics[K.MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY] == pytest.approx(
         metrics[K.MISMATCH_ROUTING_INCONSISTENCY]
@@ -176,12 +176,12 @@ def test_plain_runs_ask_for_no_routing_and_pay_no_routing_loss():
 def test_router_kl_anchors_to_earlier_steps_only():
     cfg, policy, updater, data = rollout_setup(router_kl_coef=0.1, router_kl_buffer_steps=2)
     stab = updater.stabilizers
-    measure_batch(cfg, policy, updater, data, 0)
+    measure_batch(cfg, policy, updater, data)
     metrics = updater.update(data, 0, lr=cfg.optim.lr, entropy_coef=0.0)
     assert metrics[K.LB_ROUTER_KL] == 0.0  # empty buffer at the first step
     stab.end_step(0)
     assert len(stab.anchor) == 1
-    measure_batch(cfg, policy, updater, data, 1)
+    measure_batch(cfg, policy, updater, data)
     metrics = updater.update(data, 1, lr=cfg.optim.lr, entropy_coef=0.0)
     assert metrics[K.LB_ROUTER_KL] > 0.0  # the router moved away from step 0's marginal
 
@@ -273,8 +273,8 @@ def test_noisy_gating_only_in_training_forwards_and_only_for_selection():
     # measure_batch runs in eval mode: old log-probs identical to the clean model's.
     clean_updater = PolicyUpdater(make_cfg(), clean, None, torch.Generator().manual_seed(1))
     clean_data = copy.copy(data)
-    measure_batch(cfg, policy, updater, data, 0)
-    measure_batch(make_cfg(), clean, clean_updater, clean_data, 0)
+    measure_batch(cfg, policy, updater, data)
+    measure_batch(make_cfg(), clean, clean_updater, clean_data)
     assert torch.equal(data.old_logp, clean_data.old_logp)
 
     # The rollout engine takes the state_dict (noise scale included) and selects cleanly.
