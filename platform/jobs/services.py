@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from jobs.dispatch import new_task_id, send_run_on_commit
 from jobs.models import Worker
+from runs import services as run_services
 from runs.models import Run, RunStatus
 
 log = logging.getLogger("jobs")
@@ -87,11 +88,14 @@ def finish_run(
     }
     if current_step is not None:
         fields["current_step"] = current_step
-    return bool(
+    won = bool(
         Run.objects.filter(
             pk=claim.run_id, status=RunStatus.RUNNING, attempts=claim.attempt
         ).update(**fields)
     )
+    if won:  # final now: its metrics no longer change, keep them as columns
+        run_services.seal_metrics(claim.run_id)
+    return won
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ def reconcile_stale_runs(stale_after_s: float) -> list[ReconcileAction]:
                 actions.append(ReconcileAction(run_id, "requeued", attempts))
     for action in actions:
         log.warning("reconciler: run %s %s after attempt %s", *_fields(action))
+        if action.action == "failed":  # final now: keep its metrics as columns
+            run_services.seal_metrics(action.run_id)
     return actions
 
 

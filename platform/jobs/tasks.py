@@ -11,6 +11,7 @@ from celery import shared_task
 from django.conf import settings
 
 from jobs import services, supervisor
+from runs import services as run_services
 
 
 @shared_task(name="jobs.tasks.execute_run", bind=True, acks_late=True, ignore_result=True)
@@ -21,4 +22,7 @@ def execute_run(self, run_id: int) -> str:
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)
 def reconcile() -> list[tuple[int, str]]:
     actions = services.reconcile_stale_runs(settings.LAB_STALE_AFTER_S)
+    # Final runs without metric columns (finished before columns existed, or
+    # rows rewritten by a lost worker afterwards): the compare pages read faster.
+    run_services.seal_unsealed_runs()
     return [(a.run_id, a.action) for a in actions]

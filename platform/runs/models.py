@@ -7,9 +7,14 @@ per-layer expert-load vectors of that step as one JSON object.
 - idempotent: unique (run, step) and a bulk upsert, so a re-read or resumed
   metrics.jsonl never duplicates a step;
 - batch-written: one INSERT ... ON CONFLICT per batch of steps;
-- read in one query per run and step range: the selected keys are extracted
-  in SQL (``values__reward/accuracy``), so only what a figure needs leaves the
-  database, on SQLite and PostgreSQL alike.
+- read in one query for a whole run set: the selected keys are extracted in
+  SQL and aggregated per run (runs/queries.py ``metric_series_many``), so only
+  what a figure needs leaves the database, on SQLite and PostgreSQL alike.
+
+A finished run's metrics do not change, so they are also kept as columns
+(``MetricColumn``: one row per run and key, binary arrays): a comparison of
+finished runs reads a few hundred small blobs instead of extracting every
+key from every step's JSON (docs/benchmarks.md, compare page).
 """
 
 from __future__ import annotations
@@ -125,6 +130,42 @@ class MetricStep(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step}"
+
+
+# The MetricColumn key of a run's row of stored steps (no metric key is empty).
+STEPS_COLUMN = ""
+
+
+class MetricColumn(models.Model):
+    """One metric of one finished run as arrays, a copy of its MetricStep rows.
+
+    Written by ``runs.services.seal_metrics`` once a run is final; removed by
+    every write to the run's MetricStep rows (``ingest_metrics``,
+    ``drop_metrics_after``), so a run has either no columns or columns equal
+    to its rows. Only the steps that HAVE the key are in its column (a metric
+    logged every 10 steps is a 10x shorter column), as in ``RunSeries``.
+
+    - key ``STEPS_COLUMN`` (""): ``steps`` holds every stored step; its presence
+      marks the run as sealed;
+    - a scalar key: ``steps`` int64 little-endian, or empty when the key is at
+      every stored step; ``values`` float64 little-endian, NaN for a stored
+      null (or a non-number under a scalar key);
+    - a vector key (``experts/load/L*``): ``values`` is the UTF-8 JSON array of
+      the stored vectors (null for a stored null).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_columns")
+    key = models.CharField(max_length=200, blank=True)
+    steps = models.BinaryField()
+    values = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], name="metric_column_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} column {self.key or '(steps)'}"
 
 
 class Comment(models.Model):

@@ -17,7 +17,8 @@ from django.utils import timezone
 # One downsampler for the API and the dashboards: a pure numpy module (importing
 # the dashboard package loads no Django, dashboard/__init__.py).
 from dashboard.downsample import MIN_POINTS, downsample_indices
-from runs.models import MetricStep, Run, RunStatus
+from runs.columns import decode_column, decode_steps, window_bounds
+from runs.models import STEPS_COLUMN, MetricColumn, MetricStep, Run, RunStatus
 from trainer.metric_keys import is_vector_key
 
 
@@ -29,7 +30,7 @@ def metric_series(
     end: int | None = None,
     max_points: int = 1000,
 ) -> dict[str, Any]:
-    """``{"steps": [...], "series": {key: [...]}}`` for steps in [start, end], in ONE query.
+    """``{"steps": [...], "series": {key: [...]}}`` for steps in [start, end] (one metric read).
 
     Values are aligned on ``steps``; ``None`` where a step did not log the key
     or stored a null (a non-finite value). Longer ranges are thinned with the
@@ -140,16 +141,23 @@ def metric_series_many(
     start: int | None = None,
     end: int | None = None,
 ) -> dict[int, RunSeries]:
-    """``{run_id: RunSeries}`` for many runs and keys in ONE query, full resolution.
+    """``{run_id: RunSeries}`` for many runs and keys in at most TWO queries, full resolution.
 
-    The database extracts the keys (JSON ``->``, which keeps a stored null
-    apart from a missing key: the former reads ``null``, the latter SQL NULL)
-    and aggregates each run's column into one JSON array text, so Python
-    parses one string per run and key instead of one value per row and key
-    (docs/benchmarks.md: measured against per-row reads on SQLite and
-    PostgreSQL). The dashboards downsample on their side with a method that
-    keeps spikes (dashboard/downsample.py). Every run asked for is in the
-    result, empty when it has no stored step in the range.
+    1. Sealed runs (final, their metrics kept as columns: ``MetricColumn``,
+       runs.services ``seal_metrics``): one query reads the asked keys'
+       binary columns of every run; each column is one ``np.frombuffer``.
+    2. The other runs (training, or final but not sealed yet), only if any:
+       the database extracts the keys from each step's JSON (``->``, which
+       keeps a stored null apart from a missing key: the former reads
+       ``null``, the latter SQL NULL) and aggregates each run's column into
+       one JSON array text, so Python parses one string per run and key
+       instead of one value per row and key.
+
+    Both read the same series (tests/platform: sealed and unsealed runs give
+    equal results); docs/benchmarks.md has the measurements behind each.
+    The dashboards downsample on their side with a method that keeps spikes
+    (dashboard/downsample.py). Every run asked for is in the result, empty
+    when it has no stored step in the range.
     """
     ids = list(dict.fromkeys(int(r) for r in run_ids))
     keys = list(dict.fromkeys(keys))
@@ -160,7 +168,12 @@ def metric_series_many(
     out = {rid: RunSeries(empty, {k: _empty_series(k) for k in keys}) for rid in ids}
     if not ids:
         return out
-    for run_id, steps_text, *columns in _aggregated_rows(ids, keys, start, end):
+    sealed = _sealed_series(ids, keys, start, end)
+    out.update(sealed)
+    live = [rid for rid in ids if rid not in sealed]
+    if not live:
+        return out
+    for run_id, steps_text, *columns in _aggregated_rows(live, keys, start, end):
         steps = np.asarray(json.loads(steps_text), dtype=np.int64)
         parsed = [json.loads(text) for text in columns]
         if steps.size > 1 and np.any(np.diff(steps) < 0):
@@ -171,6 +184,33 @@ def metric_series_many(
         out[run_id] = RunSeries(
             steps, {k: _present(k, steps, v) for k, v in zip(keys, parsed, strict=True)}
         )
+    return out
+
+
+def _sealed_series(
+    ids: list[int], keys: list[str], start: int | None, end: int | None
+) -> dict[int, RunSeries]:
+    """RunSeries of the sealed runs among ``ids`` (one query): a run is sealed when
+    it has the ``STEPS_COLUMN`` row; a key it never logged has no column."""
+    rows = MetricColumn.objects.filter(run_id__in=ids, key__in=[STEPS_COLUMN, *keys]).values_list(
+        "run_id", "key", "steps", "values"
+    )
+    by_run: dict[int, dict[str, tuple[Any, Any]]] = {}
+    for run_id, key, steps_blob, values_blob in rows:
+        by_run.setdefault(run_id, {})[key] = (steps_blob, values_blob)
+    out = {}
+    for run_id, columns in by_run.items():
+        if STEPS_COLUMN not in columns:
+            continue  # only possible mid-rewrite; read its rows instead
+        all_steps = decode_steps(columns[STEPS_COLUMN][0])
+        lo, hi = window_bounds(all_steps, start, end)
+        series = {}
+        for key in keys:
+            if key in columns:
+                series[key] = decode_column(key, *columns[key], all_steps, start, end)
+            else:
+                series[key] = _empty_series(key)
+        out[run_id] = RunSeries(all_steps[lo:hi], series)
     return out
 
 

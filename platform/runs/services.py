@@ -14,12 +14,22 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from experiments.models import Experiment, Sweep
 from jobs.dispatch import new_task_id, send_run_on_commit
 from runs.configs import Overrides, resolve_config, strip_config_path
-from runs.models import Comment, MetricStep, Run, RunStatus
+from runs.columns import encode_columns
+from runs.models import (
+    FINAL_STATUSES,
+    STEPS_COLUMN,
+    Comment,
+    MetricColumn,
+    MetricStep,
+    Run,
+    RunStatus,
+)
 from trainer.config import ConfigError, ExperimentConfig
 from trainer.study import StudyDefinition
 
@@ -145,6 +155,8 @@ def cancel_run(run: Run, *, user) -> Run:
         )
         if not cancelled:
             Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(cancel_requested=True)
+    if cancelled:  # a requeued run keeps its earlier attempts' metrics
+        seal_metrics(run.pk)
     run.refresh_from_db()
     return run
 
@@ -298,6 +310,7 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
         return 0
     rows = [MetricStep(run_id=run_id, step=s, values=v) for s, v in by_step.items()]
     with transaction.atomic():
+        _lock_run(run_id)
         MetricStep.objects.bulk_create(
             rows,
             update_conflicts=True,
@@ -305,13 +318,77 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
             update_fields=["values"],
             batch_size=1000,
         )
+        _unseal(run_id)
     return len(rows)
 
 
 def drop_metrics_after(run_id: int, last_step: int) -> int:
     """Remove rows past the trainer's final metrics file (steps it rewound and never redid)."""
-    deleted, _ = MetricStep.objects.filter(run_id=run_id, step__gt=last_step).delete()
+    with transaction.atomic():
+        _lock_run(run_id)
+        deleted, _ = MetricStep.objects.filter(run_id=run_id, step__gt=last_step).delete()
+        if deleted:
+            _unseal(run_id)
     return deleted
+
+
+def seal_metrics(run_id: int) -> int:
+    """Keep a final run's metrics as columns too (``MetricColumn``); returns the number
+    of metric keys sealed, 0 for a run that is not final (its metrics may still change).
+
+    Idempotent: the columns are rebuilt from the rows each time. Called when a
+    run becomes final (jobs.services) and by the reconciler for any final run
+    left without columns (a run finished before columns existed, or rows
+    rewritten after the run ended, which removes them).
+    """
+    with transaction.atomic():
+        status = _lock_run(run_id)
+        if status not in FINAL_STATUSES:
+            return 0
+        MetricColumn.objects.filter(run_id=run_id).delete()
+        rows = MetricStep.objects.filter(run_id=run_id).order_by("step").values_list("step", "values")
+        steps, columns = encode_columns(rows.iterator(chunk_size=500))
+        MetricColumn.objects.bulk_create(
+            [MetricColumn(run_id=run_id, key=STEPS_COLUMN, steps=steps, values=b"")]
+            + [
+                MetricColumn(run_id=run_id, key=key, steps=column.steps, values=column.values)
+                for key, column in columns.items()
+            ],
+            batch_size=200,
+        )
+    return len(columns)
+
+
+def seal_unsealed_runs(limit: int = 20) -> list[int]:
+    """Seal up to ``limit`` final runs that have metric rows but no columns (oldest
+    finished first); returns their ids. The reconciler calls this every tick."""
+    has_rows = Exists(MetricStep.objects.filter(run=OuterRef("pk")))
+    sealed = Exists(MetricColumn.objects.filter(run=OuterRef("pk"), key=STEPS_COLUMN))
+    pending = list(
+        Run.objects.filter(has_rows, ~sealed, status__in=FINAL_STATUSES)
+        .order_by("finished_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for run_id in pending:
+        seal_metrics(run_id)
+    return pending
+
+
+def _lock_run(run_id: int) -> str | None:
+    """Lock the run's row for this transaction (PostgreSQL; SQLite's IMMEDIATE
+    transactions already serialise writers) and return its status.
+
+    Every write of a run's metric rows and every sealing takes this lock first,
+    so a sealing never reads the rows while a write it would miss is in
+    flight: either the write commits first and the sealing reads it, or the
+    sealing commits first and the write's ``_unseal`` removes its columns.
+    """
+    return Run.objects.select_for_update().filter(pk=run_id).values_list("status", flat=True).first()
+
+
+def _unseal(run_id: int) -> None:
+    """The run's rows changed: its columns no longer mirror them."""
+    MetricColumn.objects.filter(run_id=run_id).delete()
 
 
 # --------------------------------------------------------------------------- comments

@@ -67,6 +67,7 @@ def make_run(user, experiment) -> Callable[..., Run]:
             run_services.ingest_metrics(run.pk, records)
         last = max((r["step"] for r in records), default=0)
         Run.objects.filter(pk=run.pk).update(status=status, summary=summary, current_step=last)
+        run_services.seal_metrics(run.pk)  # as a worker's finish does (a no-op unless final)
         run.refresh_from_db()
         return run
 

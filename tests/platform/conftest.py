@@ -11,6 +11,7 @@ The suite runs on SQLite (default) and on PostgreSQL:
 from __future__ import annotations
 
 import pytest
+from platform_test_configs import TINY_OVERRIDES
 from rest_framework.test import APIClient
 
 from experiments.services import create_experiment
@@ -35,17 +36,6 @@ def experiment(user):
     return create_experiment(owner=user, name="replay vs none", preset="moe-grpo")
 
 
-# A config the real trainer finishes in seconds on a CPU.
-TINY_OVERRIDES = {
-    "run.steps": 3,
-    "run.threads": 1,
-    "run.checkpoint_every": 1,
-    "warm_start.max_steps": 2,
-    "rollout.prompts_per_step": 2,
-    "rollout.group_size": 4,
-}
-
-
 @pytest.fixture
 def tiny():
     return dict(TINY_OVERRIDES)
@@ -67,20 +57,6 @@ from jobs import launch  # noqa: E402
 
 REDIS_URL = os.environ.get("LAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 PG_ADMIN_URL = os.environ.get("LAB_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-
-
-def trainer_runs() -> bool:
-    """The trainer's `run` subcommand exists: trainer/runner.py beside the trainer
-    package in use (a shared editable install may map a missing submodule to
-    another checkout, so importability alone is not the test)."""
-    import trainer
-
-    return (Path(trainer.__file__).parent / "runner.py").exists()
-
-
-needs_trainer = pytest.mark.skipif(
-    not trainer_runs(), reason="trainer.runner (python -m trainer run) is not available yet"
-)
 
 
 def _free_port() -> int:

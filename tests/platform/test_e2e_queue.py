@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY_OVERRIDES, needs_trainer
+from platform_test_configs import TINY_OVERRIDES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -52,7 +52,6 @@ def test_cancelled_queued_run_is_skipped_by_the_worker(lab_stack):
     assert after["status"] == "cancelled" and after["attempts"] == 0
 
 
-@needs_trainer
 def test_submit_train_and_store_results(lab_stack):
     lab_stack.start_worker("w1")
     run = _submit(lab_stack)
@@ -68,7 +67,6 @@ def test_submit_train_and_store_results(lab_stack):
     assert Path(done["run_dir"], "summary.json").exists()
 
 
-@needs_trainer
 def test_cancel_a_running_run(lab_stack):
     lab_stack.start_worker("w1")
     run = _submit(lab_stack, **{"run.steps": 500})
@@ -79,7 +77,6 @@ def test_cancel_a_running_run(lab_stack):
     assert done["current_step"] < 500
 
 
-@needs_trainer
 def test_killed_worker_is_recovered_and_every_step_is_stored_once(lab_stack):
     total = 16
     lab_stack.start_worker("w1")
@@ -117,7 +114,6 @@ def test_trainer_rejecting_its_config_fails_the_run_with_the_reason(lab_stack):
     assert lab_stack.procs["w1"].poll() is None
 
 
-@needs_trainer
 def test_worker_shutdown_gives_the_run_back_and_it_resumes(lab_stack):
     """SIGTERM (Ctrl-C, docker stop): the trainer checkpoints, the run returns to
     the queue without spending an attempt, and the next worker resumes it."""
