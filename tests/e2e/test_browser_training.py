@@ -5,7 +5,7 @@ the web server (runserver; DEBUG serves static files, plotly.js included,
 through whitenoise), a Celery worker on the embedded filesystem broker that
 spawns the real trainer CLI, and a migrated SQLite file both share (or a
 fresh PostgreSQL database when the suite runs with DATABASE_URL=postgres://).
-These are the platform tests' own ``LabStack`` processes.
+These are the ``LabStack`` processes of tests/lab_processes.py.
 
 Scenario: log in; configure a run in the schema-generated form, submit a bad
 value and see the field error, fix it and queue the run; watch the run page
@@ -17,28 +17,15 @@ is kept under test-artifacts/e2e/.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 from browser_harness import RECORD_UPDATES_JS, chart_points, wait_all_charts_drawn
+from lab_processes import LabStack
 from playwright.sync_api import Page, expect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
-
-def _platform_fixtures():
-    """tests/platform/conftest.py (LabStack, the tiny trainer config), imported
-    under its own name: every test folder's conftest is called ``conftest``."""
-    path = Path(__file__).resolve().parents[1] / "platform" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("platform_test_fixtures", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-platform = _platform_fixtures()
 
 # A run the real trainer finishes in seconds on a CPU (a few SFT steps of warm start).
 TINY_FORM_VALUES = {
@@ -57,10 +44,8 @@ ESCAPE_PROBE = "<b>x</b> reads literally"
 def lab(tmp_path_factory):
     """Web server + one worker on the filesystem broker, an experiment, and a
     second run (R3) queued through the API so there is something to compare."""
-    if not platform.trainer_runs():
-        pytest.skip("trainer.runner (python -m trainer run) is not available")
     root = tmp_path_factory.mktemp("lab")
-    stack = platform.LabStack(root, "filesystem")
+    stack = LabStack(root, "filesystem")
     try:
         # Warm-start policies are cached by config hash: keep them in this test's folder.
         stack.env["MOE_LAB_CACHE"] = str(root / "cache")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from platform_test_configs import TINY_OVERRIDES
+from lab_processes import TINY_OVERRIDES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 

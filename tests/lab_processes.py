@@ -1,0 +1,206 @@
+"""A real platform in separate processes for end-to-end tests: ``LabStack``.
+
+Shared by tests/platform (the queue end to end) and tests/e2e (the browser
+tests); a plain module on the test path (pyproject's pythonpath lists
+``tests``), since every test folder's conftest is called ``conftest``.
+"""
+
+from __future__ import annotations
+
+import json as _json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs import launch
+
+# A config the real trainer finishes in seconds on a CPU.
+TINY_OVERRIDES = {
+    "run.steps": 3,
+    "run.threads": 1,
+    "run.checkpoint_every": 1,
+    "warm_start.max_steps": 2,
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+}
+
+
+REDIS_URL = os.environ.get("LAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
+PG_ADMIN_URL = os.environ.get("LAB_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_ok() -> bool:
+    try:
+        import redis
+
+        return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=1).ping())
+    except Exception:
+        return False
+
+
+class LabStack:
+    """A real platform: migrated DB, web server, Celery workers, on a real broker.
+
+    Each stack has its own database (a SQLite file, or a fresh PostgreSQL
+    database when the suite runs with DATABASE_URL=postgres://...), its own
+    run folders and a unique queue name, so stacks never see each other's
+    messages even on a shared Redis.
+    """
+
+    def __init__(self, root: Path, broker: str):
+        self.root = root
+        self.queue = f"cpu-{uuid.uuid4().hex[:8]}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pg_db = None
+        env = {
+            "LAB_VAR_DIR": str(root / "var"),
+            "LAB_QUEUES": self.queue,
+            "LAB_DEFAULT_QUEUE": self.queue,
+            "LAB_HEARTBEAT_S": "0.5",
+            "LAB_POLL_S": "0.2",
+            "LAB_STALE_AFTER_S": "4",
+            "LAB_RECONCILE_EVERY_S": "1",
+            "DJANGO_DEBUG": "1",
+        }
+        db_url = os.environ.get("DATABASE_URL", "")
+        if db_url.startswith("postgres"):
+            self.pg_db = f"lab_e2e_{uuid.uuid4().hex[:10]}"
+            self._pg(f'CREATE DATABASE "{self.pg_db}"')
+            env["DATABASE_URL"] = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + self.pg_db
+        else:
+            env["DATABASE_URL"] = f"sqlite:///{root / 'var' / 'db.sqlite3'}"
+        if broker == "redis":
+            env["CELERY_BROKER_URL"] = REDIS_URL
+        else:
+            env["CELERY_BROKER_URL"] = "filesystem://"
+        self.env = launch.process_env(env)
+        (root / "var").mkdir(parents=True, exist_ok=True)
+        self.manage("migrate", "-v0")
+        out = self.manage("lab_user", "--username", "e2e", "--password", "pw", "--token-only")
+        self.token = out.strip().splitlines()[-1]
+        self.port = _free_port()
+        self.start("web", launch.web_command("127.0.0.1", self.port))
+        self.wait_for(lambda: self._up(), 60, "web server")
+
+    @staticmethod
+    def _pg(sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(
+            PG_ADMIN_URL.replace("postgres://", "postgresql://"), autocommit=True
+        ) as c:
+            c.execute(sql)
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            launch.manage_command(*args), env=self.env, cwd=launch.ROOT,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed by the process's end
+        proc = subprocess.Popen(
+            cmd, env=self.env, cwd=launch.ROOT, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, name: str = "w1") -> subprocess.Popen:
+        return self.start(name, launch.worker_command([self.queue], f"{name}@e2e"))
+
+    def start_reconciler(self) -> subprocess.Popen:
+        return self.start("reconciler", launch.reconciler_command(self.root / "beat-schedule"))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    # HTTP -------------------------------------------------------------------
+    def _up(self) -> bool:
+        try:
+            self.get("/api/presets")
+            return True
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    def request(self, method: str, path: str, payload=None) -> tuple[int, dict]:
+        data = _json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json",
+                     "Accept": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                body = resp.read()
+                return resp.status, _json.loads(body) if body else {}
+        except urllib.error.HTTPError as exc:
+            return exc.code, _json.loads(exc.read() or b"{}")
+
+    def get(self, path: str) -> dict:
+        code, body = self.request("GET", path)
+        assert code == 200, (code, body)
+        return body
+
+    def post(self, path: str, payload=None) -> dict:
+        code, body = self.request("POST", path, payload or {})
+        assert code in (200, 201), (code, body)
+        return body
+
+    def run(self, run_id: int) -> dict:
+        return self.get(f"/api/runs/{run_id}")
+
+    def wait_for(self, predicate, timeout: float, what: str, every: float = 0.2):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            for name, proc in self.procs.items():
+                if name != "web" and proc.poll() is not None and what != f"{name} exit":
+                    pytest.fail(f"{name} died:\n{self.log(name)}")
+            time.sleep(every)
+        logs = "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs)
+        pytest.fail(f"timed out waiting for {what}\n{logs}")
+
+    def wait_status(self, run_id: int, statuses: set[str], timeout: float = 120) -> dict:
+        return self.wait_for(
+            lambda: (r := self.run(run_id))["status"] in statuses and r, timeout,
+            f"run {run_id} to reach {statuses}",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs.pop(name)
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=20)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    with __import__("contextlib").suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        if self.pg_db:
+            self._pg(f'DROP DATABASE IF EXISTS "{self.pg_db}" WITH (FORCE)')
