@@ -139,10 +139,11 @@ STEPS_COLUMN = ""
 class MetricColumn(models.Model):
     """One metric of one finished run as arrays, a copy of its MetricStep rows.
 
-    Written by ``runs.services.seal_metrics`` once a run is final; removed by
-    every write to the run's MetricStep rows (``ingest_metrics``,
-    ``drop_metrics_after``), so a run has either no columns or columns equal
-    to its rows. Only the steps that HAVE the key are in its column (a metric
+    Written by ``runs.services.seal_metrics`` once a run is final (no
+    transition leaves a final status, so a run that is not final has none);
+    removed by every write to a final run's MetricStep rows
+    (``ingest_metrics``, ``drop_metrics_after``), so a run has either no
+    columns or columns equal to its rows. Only the steps that HAVE the key are in its column (a metric
     logged every 10 steps is a 10x shorter column), as in ``RunSeries``.
 
     - key ``STEPS_COLUMN`` (""): ``steps`` holds every stored step; its presence

@@ -310,7 +310,7 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
         return 0
     rows = [MetricStep(run_id=run_id, step=s, values=v) for s, v in by_step.items()]
     with transaction.atomic():
-        _lock_run(run_id)
+        status = _lock_run(run_id)
         MetricStep.objects.bulk_create(
             rows,
             update_conflicts=True,
@@ -318,16 +318,17 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
             update_fields=["values"],
             batch_size=1000,
         )
-        _unseal(run_id)
+        if status in FINAL_STATUSES:  # only a final run has columns (seal_metrics)
+            _unseal(run_id)
     return len(rows)
 
 
 def drop_metrics_after(run_id: int, last_step: int) -> int:
     """Remove rows past the trainer's final metrics file (steps it rewound and never redid)."""
     with transaction.atomic():
-        _lock_run(run_id)
+        status = _lock_run(run_id)
         deleted, _ = MetricStep.objects.filter(run_id=run_id, step__gt=last_step).delete()
-        if deleted:
+        if deleted and status in FINAL_STATUSES:
             _unseal(run_id)
     return deleted
 
