@@ -33,6 +33,7 @@ from jobs.childproc import kill_group, tied_to_this_process
 from jobs.dispatch import new_task_id, send_run_on_commit
 from jobs.tailer import MetricsTail
 from runs import services as run_services
+from runs.columns import chunk_of
 from runs.models import Run, RunStatus
 
 log = logging.getLogger("jobs")
@@ -84,6 +85,7 @@ class Supervision:
     term_sent_at: float | None = None
     reason: str = ""  # "cancel" | "shutdown" | "lost"
     pending: list[dict[str, Any]] = field(default_factory=list)
+    sealed_chunks: int = 0  # the run's leading chunks of metrics kept as columns
 
     @property
     def steps_done(self) -> int:
@@ -97,6 +99,10 @@ def _ingest(sup: Supervision, records: list[dict[str, Any]]) -> None:
     steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
     if steps:
         sup.last_step = max(sup.last_step, *steps)
+        if chunk_of(max(steps)) > sup.sealed_chunks:
+            # Training moved into a new chunk: the ones before it are settled.
+            # Keeping them as columns keeps live comparisons' row reads short.
+            sup.sealed_chunks = run_services.seal_metrics(sup.claim.run_id)
 
 
 def execute(run_id: int, *, worker_host: str) -> str:

@@ -1,8 +1,9 @@
 """A run's stored metrics as columns: the binary layout of ``MetricColumn`` (no ORM here).
 
-``encode_columns`` turns a run's step rows into one column per key;
-``decode_column`` turns one column back into the ``(steps, values)`` pair
-``runs.queries.RunSeries`` holds, cut to a step window. Both follow the same
+Steps are cut into chunks of ``CHUNK_STEPS``. ``encode_columns`` turns one
+chunk's step rows into one column per key; ``decode_column`` turns one
+column back into the ``(steps, values)`` pair ``runs.queries.RunSeries``
+holds, cut to a step window. Both follow the same
 rules as the aggregated read of the rows (runs/queries.py ``_present``), so a
 sealed run reads exactly as its rows do:
 
@@ -30,6 +31,21 @@ from trainer.metric_keys import is_vector_key
 STEP_DTYPE = np.dtype("<i8")
 VALUE_DTYPE = np.dtype("<f8")
 
+# Steps per chunk. A training run's unsealed tail (read from rows) is at most
+# this long; a run of n steps has n / CHUNK_STEPS column rows per key. 512
+# keeps a live comparison's row read small (20 runs x < 512 rows) while a
+# 10,000-step run is still only 20 blobs per key.
+CHUNK_STEPS = 512
+
+
+def chunk_of(step: int) -> int:
+    """The chunk holding ``step`` (steps are >= 0)."""
+    return max(0, int(step)) // CHUNK_STEPS
+
+
+def first_step(chunk: int) -> int:
+    return int(chunk) * CHUNK_STEPS
+
 
 @dataclass(frozen=True)
 class EncodedColumn:
@@ -44,7 +60,7 @@ def encode_columns(
     rows: Iterable[tuple[int, Mapping[str, Any]]],
 ) -> tuple[bytes, dict[str, EncodedColumn]]:
     """(every step as int64 bytes, {key: column}) from ``(step, values)`` rows in
-    ascending step order. Every key any row holds gets a column."""
+    ascending step order (one chunk's). Every key any row holds gets a column."""
     all_steps: list[int] = []
     present: dict[str, list[int]] = {}
     values: dict[str, list[Any]] = {}

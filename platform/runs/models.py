@@ -11,10 +11,12 @@ per-layer expert-load vectors of that step as one JSON object.
   SQL and aggregated per run (runs/queries.py ``metric_series_many``), so only
   what a figure needs leaves the database, on SQLite and PostgreSQL alike.
 
-A finished run's metrics do not change, so they are also kept as columns
-(``MetricColumn``: one row per run and key, binary arrays): a comparison of
-finished runs reads a few hundred small blobs instead of extracting every
-key from every step's JSON (docs/benchmarks.md, compare page).
+Steps a run has moved past do not change (a resumed trainer rewrites some,
+which is handled), so they are also kept as columns: ``MetricColumn``, one
+row per run, key and chunk of ``CHUNK_STEPS`` steps, binary arrays. A
+comparison reads a few hundred small blobs plus the rows of each run's
+unsealed tail, instead of extracting every key from every step's JSON
+(docs/platform.md "Metric columns", docs/benchmarks.md compare page).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ class Run(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     current_step = models.IntegerField(default=0, help_text="Steps whose metrics are stored.")
+    metric_chunks_sealed = models.PositiveIntegerField(
+        default=0,
+        help_text="Leading chunks of CHUNK_STEPS steps whose metrics are kept as columns "
+        "(MetricColumn); steps from chunk number metric_chunks_sealed on are read from rows.",
+    )
     total_steps = models.IntegerField()
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -132,41 +139,46 @@ class MetricStep(models.Model):
         return f"run {self.run_id} step {self.step}"
 
 
-# The MetricColumn key of a run's row of stored steps (no metric key is empty).
+# The MetricColumn key of a chunk's row of stored steps (no metric key is empty).
 STEPS_COLUMN = ""
 
 
 class MetricColumn(models.Model):
-    """One metric of one finished run as arrays, a copy of its MetricStep rows.
+    """One metric of one chunk of one run as arrays: a copy of its MetricStep rows.
 
-    Written by ``runs.services.seal_metrics`` once a run is final (no
-    transition leaves a final status, so a run that is not final has none);
-    removed by every write to a final run's MetricStep rows
-    (``ingest_metrics``, ``drop_metrics_after``), so a run has either no
-    columns or columns equal to its rows. Only the steps that HAVE the key are in its column (a metric
-    logged every 10 steps is a 10x shorter column), as in ``RunSeries``.
+    A run's steps are cut into chunks of ``runs.columns.CHUNK_STEPS`` (chunk
+    ``c`` holds steps ``c*CHUNK_STEPS`` to ``(c+1)*CHUNK_STEPS - 1``). The
+    run's first ``Run.metric_chunks_sealed`` chunks have columns, the rest is
+    read from the rows. ``runs.services.seal_metrics`` seals every chunk the
+    run has moved past (a later chunk has rows) and, once the run is final,
+    its last one too; a write of rows into a sealed chunk (a resumed trainer
+    rewinding, a lost worker's late lines) unseals that chunk and every later
+    one in the same transaction, so columns always equal the rows they copy.
 
-    - key ``STEPS_COLUMN`` (""): ``steps`` holds every stored step; its presence
-      marks the run as sealed;
+    - key ``STEPS_COLUMN`` (""): ``steps`` holds the chunk's stored steps;
     - a scalar key: ``steps`` int64 little-endian, or empty when the key is at
-      every stored step; ``values`` float64 little-endian, NaN for a stored
-      null (or a non-number under a scalar key);
-    - a vector key (``experts/load/L*``): ``values`` is the UTF-8 JSON array of
-      the stored vectors (null for a stored null).
+      every stored step of the chunk; ``values`` float64 little-endian, NaN
+      for a stored null (or a non-number under a scalar key);
+    - a vector key (``experts/load/L*``): ``values`` is the UTF-8 JSON array
+      of the stored vectors (null for a stored null).
+
+    Only the steps that HAVE the key are in its column (a metric logged every
+    10 steps is a 10x shorter column), as in ``runs.queries.RunSeries``.
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_columns")
     key = models.CharField(max_length=200, blank=True)
+    chunk = models.PositiveIntegerField()
     steps = models.BinaryField()
     values = models.BinaryField()
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "key"], name="metric_column_unique"),
+            models.UniqueConstraint(fields=["run", "chunk", "key"], name="metric_column_unique"),
         ]
 
     def __str__(self) -> str:
-        return f"run {self.run_id} column {self.key or '(steps)'}"
+        return f"run {self.run_id} chunk {self.chunk} column {self.key or '(steps)'}"
 
 
 class Comment(models.Model):

@@ -17,7 +17,7 @@ from django.utils import timezone
 # One downsampler for the API and the dashboards: a pure numpy module (importing
 # the dashboard package loads no Django, dashboard/__init__.py).
 from dashboard.downsample import MIN_POINTS, downsample_indices
-from runs.columns import decode_column, decode_steps, window_bounds
+from runs.columns import chunk_of, decode_column, decode_steps, first_step, window_bounds
 from runs.models import STEPS_COLUMN, MetricColumn, MetricStep, Run, RunStatus
 from trainer.metric_keys import is_vector_key
 
@@ -70,7 +70,9 @@ def _aligned(steps: np.ndarray, key_steps: np.ndarray, values: np.ndarray | list
     at = np.minimum(np.searchsorted(key_steps, steps), key_steps.size - 1)
     present = key_steps[at] == steps
     if isinstance(values, list):  # vectors
-        return [values[i] if ok else None for i, ok in zip(at.tolist(), present.tolist(), strict=True)]
+        return [
+            values[i] if ok else None for i, ok in zip(at.tolist(), present.tolist(), strict=True)
+        ]
     picked = values[at]
     out = picked.astype(object)
     out[~(present & np.isfinite(picked))] = None
@@ -141,23 +143,25 @@ def metric_series_many(
     start: int | None = None,
     end: int | None = None,
 ) -> dict[int, RunSeries]:
-    """``{run_id: RunSeries}`` for many runs and keys in at most TWO queries, full resolution.
+    """``{run_id: RunSeries}`` for many runs and keys in TWO queries, full resolution.
 
-    1. Sealed runs (final, their metrics kept as columns: ``MetricColumn``,
-       runs.services ``seal_metrics``): one query reads the asked keys'
-       binary columns of every run; each column is one ``np.frombuffer``.
-    2. The other runs (training, or final but not sealed yet), only if any:
-       the database extracts the keys from each step's JSON (``->``, which
-       keeps a stored null apart from a missing key: the former reads
-       ``null``, the latter SQL NULL) and aggregates each run's column into
-       one JSON array text, so Python parses one string per run and key
-       instead of one value per row and key.
+    1. Sealed chunks (``MetricColumn``, runs.services ``seal_metrics``: every
+       chunk of ``CHUNK_STEPS`` steps a run has moved past, all of a final
+       run's): one query reads the asked keys' binary columns of every run's
+       chunks in the window; each column is one ``np.frombuffer``.
+    2. The rest of each run's window, from the rows: after its last sealed
+       chunk (a training run's tail, under ``CHUNK_STEPS`` steps), or all of
+       it for a run without columns. The database extracts the keys from
+       each step's JSON (``->``, which keeps a stored null apart from a
+       missing key: the former reads ``null``, the latter SQL NULL) and
+       aggregates each run's values into one JSON array text per key, so
+       Python parses one string per run and key, not one value per row.
 
-    Both read the same series (tests/platform: sealed and unsealed runs give
-    equal results); docs/benchmarks.md has the measurements behind each.
-    The dashboards downsample on their side with a method that keeps spikes
-    (dashboard/downsample.py). Every run asked for is in the result, empty
-    when it has no stored step in the range.
+    Both parts read the same series (tests/platform: sealed, partly sealed
+    and unsealed runs give equal results); docs/benchmarks.md has the
+    measurements. The dashboards downsample on their side with a method
+    that keeps spikes (dashboard/downsample.py). Every run asked for is in
+    the result, empty when it has no stored step in the range.
     """
     ids = list(dict.fromkeys(int(r) for r in run_ids))
     keys = list(dict.fromkeys(keys))
@@ -168,12 +172,85 @@ def metric_series_many(
     out = {rid: RunSeries(empty, {k: _empty_series(k) for k in keys}) for rid in ids}
     if not ids:
         return out
-    sealed = _sealed_series(ids, keys, start, end)
-    out.update(sealed)
-    live = [rid for rid in ids if rid not in sealed]
-    if not live:
-        return out
-    for run_id, steps_text, *columns in _aggregated_rows(live, keys, start, end):
+    sealed, rows_from = _sealed_series(ids, keys, start, end)
+    lower = {rid: rows_from.get(rid, start) for rid in ids}
+    tails = _row_series(ids, keys, lower, end)
+    for rid in ids:
+        parts = [part for part in (sealed.get(rid), tails.get(rid)) if part is not None]
+        if parts:
+            out[rid] = parts[0] if len(parts) == 1 else _joined(parts[0], parts[1], keys)
+    return out
+
+
+def _sealed_series(
+    ids: list[int], keys: list[str], start: int | None, end: int | None
+) -> tuple[dict[int, RunSeries], dict[int, int]]:
+    """(RunSeries of each run's sealed chunks within [start, end], and the step the
+    rows must be read from for each run that has any), in one query.
+
+    A run's sealed chunks are a prefix (chunk 0 on), so the chunks of the
+    window it has are consecutive and the rows start after the last one.
+    """
+    columns = MetricColumn.objects.filter(run_id__in=ids, key__in=[STEPS_COLUMN, *keys])
+    if start is not None:
+        columns = columns.filter(chunk__gte=chunk_of(start))
+    if end is not None:
+        columns = columns.filter(chunk__lte=chunk_of(end))
+    by_run: dict[int, dict[int, dict[str, tuple[Any, Any]]]] = {}
+    for run_id, chunk, key, steps_blob, values_blob in columns.values_list(
+        "run_id", "chunk", "key", "steps", "values"
+    ):
+        by_run.setdefault(run_id, {}).setdefault(chunk, {})[key] = (steps_blob, values_blob)
+    series: dict[int, RunSeries] = {}
+    rows_from: dict[int, int] = {}
+    for run_id, chunks in by_run.items():
+        parts = []
+        for chunk in sorted(chunks):
+            blobs = chunks[chunk]
+            chunk_steps = decode_steps(blobs[STEPS_COLUMN][0])
+            lo, hi = window_bounds(chunk_steps, start, end)
+            parts.append(
+                RunSeries(
+                    chunk_steps[lo:hi],
+                    {
+                        k: decode_column(k, *blobs[k], chunk_steps, start, end)
+                        if k in blobs
+                        else _empty_series(k)
+                        for k in keys
+                    },
+                )
+            )
+        series[run_id] = _joined_all(parts, keys)
+        after = first_step(max(chunks) + 1)
+        rows_from[run_id] = after if start is None else max(start, after)
+    return series, rows_from
+
+
+def _joined(a: RunSeries, b: RunSeries, keys: list[str]) -> RunSeries:
+    """``a`` then ``b`` (b's steps all after a's)."""
+    return _joined_all([a, b], keys)
+
+
+def _joined_all(parts: list[RunSeries], keys: list[str]) -> RunSeries:
+    if len(parts) == 1:
+        return parts[0]
+    series: dict[str, tuple[np.ndarray, np.ndarray | list]] = {}
+    for key in keys:
+        steps = np.concatenate([p.series[key][0] for p in parts])
+        if is_vector_key(key):
+            series[key] = (steps, [v for p in parts for v in p.series[key][1]])
+        else:
+            series[key] = (steps, np.concatenate([p.series[key][1] for p in parts]))
+    return RunSeries(np.concatenate([p.steps for p in parts]), series)
+
+
+def _row_series(
+    ids: list[int], keys: list[str], lower: dict[int, int | None], end: int | None
+) -> dict[int, RunSeries]:
+    """RunSeries from the step rows of each run from ``lower[run]`` to ``end`` (one
+    query); runs with no row there are left out."""
+    out = {}
+    for run_id, steps_text, *columns in _aggregated_rows(ids, keys, lower, end):
         steps = np.asarray(json.loads(steps_text), dtype=np.int64)
         parsed = [json.loads(text) for text in columns]
         if steps.size > 1 and np.any(np.diff(steps) < 0):
@@ -184,33 +261,6 @@ def metric_series_many(
         out[run_id] = RunSeries(
             steps, {k: _present(k, steps, v) for k, v in zip(keys, parsed, strict=True)}
         )
-    return out
-
-
-def _sealed_series(
-    ids: list[int], keys: list[str], start: int | None, end: int | None
-) -> dict[int, RunSeries]:
-    """RunSeries of the sealed runs among ``ids`` (one query): a run is sealed when
-    it has the ``STEPS_COLUMN`` row; a key it never logged has no column."""
-    rows = MetricColumn.objects.filter(run_id__in=ids, key__in=[STEPS_COLUMN, *keys]).values_list(
-        "run_id", "key", "steps", "values"
-    )
-    by_run: dict[int, dict[str, tuple[Any, Any]]] = {}
-    for run_id, key, steps_blob, values_blob in rows:
-        by_run.setdefault(run_id, {})[key] = (steps_blob, values_blob)
-    out = {}
-    for run_id, columns in by_run.items():
-        if STEPS_COLUMN not in columns:
-            continue  # only possible mid-rewrite; read its rows instead
-        all_steps = decode_steps(columns[STEPS_COLUMN][0])
-        lo, hi = window_bounds(all_steps, start, end)
-        series = {}
-        for key in keys:
-            if key in columns:
-                series[key] = decode_column(key, *columns[key], all_steps, start, end)
-            else:
-                series[key] = _empty_series(key)
-        out[run_id] = RunSeries(all_steps[lo:hi], series)
     return out
 
 
@@ -236,17 +286,29 @@ def _present(key: str, steps: np.ndarray, values: list) -> tuple[np.ndarray, np.
     return steps[present], array[present]
 
 
-def _aggregated_rows(ids: list[int], keys: list[str], start: int | None, end: int | None):
-    """(run_id, steps JSON array, one JSON array per key) per run with stored steps."""
+def _aggregated_rows(
+    ids: list[int], keys: list[str], lower: dict[int, int | None], end: int | None
+):
+    """(run_id, steps JSON array, one JSON array per key) per run with stored steps
+    in its range: from ``lower[run_id]`` (None: the first step) to ``end``."""
     table = connection.ops.quote_name(MetricStep._meta.db_table)
     run_col = connection.ops.quote_name(MetricStep._meta.get_field("run").column)
     step = connection.ops.quote_name("step")
     values = connection.ops.quote_name("values")
-    where = [f"{run_col} IN ({', '.join(['%s'] * len(ids))})"]
-    where_params: list[Any] = list(ids)
-    if start is not None:
-        where.append(f"{step} >= %s")
-        where_params.append(int(start))
+    # Runs sharing a lower bound share one IN (...) term: one term in the common
+    # cases (nothing sealed, or a whole window from the rows).
+    by_bound: dict[int | None, list[int]] = {}
+    for rid in ids:
+        by_bound.setdefault(lower[rid], []).append(rid)
+    terms, where_params = [], []
+    for bound, rids in by_bound.items():
+        term = f"{run_col} IN ({', '.join(['%s'] * len(rids))})"
+        where_params += rids
+        if bound is not None:
+            term += f" AND {step} >= %s"
+            where_params.append(int(bound))
+        terms.append(f"({term})")
+    where = [f"({' OR '.join(terms)})"]
     if end is not None:
         where.append(f"{step} <= %s")
         where_params.append(int(end))
@@ -260,8 +322,7 @@ def _aggregated_rows(ids: list[int], keys: list[str], start: int | None, end: in
         source = table
     else:  # SQLite (3.38+ for ->): aggregate over a subquery sorted by step
         cols = [f"'[' || group_concat({step}, ',') || ']'"] + [
-            f"'[' || group_concat(COALESCE({values} -> %s, '{_MISSING}'), ',') || ']'"
-            for _ in keys
+            f"'[' || group_concat(COALESCE({values} -> %s, '{_MISSING}'), ',') || ']'" for _ in keys
         ]
         key_params = [f'$."{k}"' for k in keys]
         source = f"(SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY {run_col}, {step})"

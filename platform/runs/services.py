@@ -14,13 +14,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
 from experiments.models import Experiment, Sweep
 from jobs.dispatch import new_task_id, send_run_on_commit
+from runs.columns import CHUNK_STEPS, chunk_of, encode_columns, first_step
 from runs.configs import Overrides, resolve_config, strip_config_path
-from runs.columns import encode_columns
 from runs.models import (
     FINAL_STATUSES,
     STEPS_COLUMN,
@@ -288,7 +288,12 @@ def create_study_sweep(
     )
     for variant, cfg in planned:
         create_run(
-            owner=owner, experiment=experiment, config=cfg, queue=queue, variant=variant, sweep=sweep
+            owner=owner,
+            experiment=experiment,
+            config=cfg,
+            queue=queue,
+            variant=variant,
+            sweep=sweep,
         )
     return sweep
 
@@ -298,7 +303,9 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
     """Upsert metric lines (``{"step": n, key: value, ...}``) in one statement.
 
     Idempotent per (run, step): a line read twice, or rewritten by a resumed
-    trainer, replaces the stored row instead of adding one. Returns rows written.
+    trainer, replaces the stored row instead of adding one. A line landing in
+    a sealed chunk (a rewind) unseals it and the chunks after it. Returns
+    rows written.
     """
     by_step: dict[int, dict[str, Any]] = {}
     for record in records:
@@ -310,7 +317,7 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
         return 0
     rows = [MetricStep(run_id=run_id, step=s, values=v) for s, v in by_step.items()]
     with transaction.atomic():
-        status = _lock_run(run_id)
+        _, sealed = _lock_run(run_id)
         MetricStep.objects.bulk_create(
             rows,
             update_conflicts=True,
@@ -318,55 +325,82 @@ def ingest_metrics(run_id: int, records: Iterable[Mapping[str, Any]]) -> int:
             update_fields=["values"],
             batch_size=1000,
         )
-        if status in FINAL_STATUSES:  # only a final run has columns (seal_metrics)
-            _unseal(run_id)
+        first = chunk_of(min(by_step))
+        if first < sealed:
+            _unseal(run_id, first)
     return len(rows)
 
 
 def drop_metrics_after(run_id: int, last_step: int) -> int:
     """Remove rows past the trainer's final metrics file (steps it rewound and never redid)."""
     with transaction.atomic():
-        status = _lock_run(run_id)
+        _, sealed = _lock_run(run_id)
         deleted, _ = MetricStep.objects.filter(run_id=run_id, step__gt=last_step).delete()
-        if deleted and status in FINAL_STATUSES:
-            _unseal(run_id)
+        first = chunk_of(last_step + 1)
+        if deleted and first < sealed:
+            _unseal(run_id, first)
     return deleted
 
 
 def seal_metrics(run_id: int) -> int:
-    """Keep a final run's metrics as columns too (``MetricColumn``); returns the number
-    of metric keys sealed, 0 for a run that is not final (its metrics may still change).
+    """Copy the run's settled metric chunks into columns (``MetricColumn``); returns
+    how many leading chunks are sealed now (``Run.metric_chunks_sealed``).
 
-    Idempotent: the columns are rebuilt from the rows each time. Called when a
-    run becomes final (jobs.services) and by the reconciler for any final run
-    left without columns (a run finished before columns existed, or rows
-    rewritten after the run ended, which removes them).
+    A chunk is settled once the run has rows in a later chunk (training
+    moves forward) or the run is final (then its last chunk too). Only
+    chunks not sealed yet are read and written, so calling this after every
+    ingestion costs one small query until a chunk settles. Idempotent.
+    Called by the worker while it ingests (jobs.supervisor), when a run
+    becomes final (jobs.services), and by the reconciler for final runs left
+    with rows past their columns.
     """
     with transaction.atomic():
-        status = _lock_run(run_id)
-        if status not in FINAL_STATUSES:
+        status, sealed = _lock_run(run_id)
+        if status is None:
             return 0
-        MetricColumn.objects.filter(run_id=run_id).delete()
-        rows = MetricStep.objects.filter(run_id=run_id).order_by("step").values_list("step", "values")
-        steps, columns = encode_columns(rows.iterator(chunk_size=500))
-        MetricColumn.objects.bulk_create(
-            [MetricColumn(run_id=run_id, key=STEPS_COLUMN, steps=steps, values=b"")]
-            + [
-                MetricColumn(run_id=run_id, key=key, steps=column.steps, values=column.values)
-                for key, column in columns.items()
-            ],
-            batch_size=200,
-        )
-    return len(columns)
+        tail = MetricStep.objects.filter(run_id=run_id, step__gte=first_step(sealed))
+        last = tail.aggregate(last=Max("step"))["last"]
+        if last is None:
+            return sealed
+        # chunks [sealed, upto) are settled
+        upto = chunk_of(last) + 1 if status in FINAL_STATUSES else chunk_of(last)
+        if upto <= sealed:
+            return sealed
+        rows = tail.filter(step__lt=first_step(upto)).order_by("step").values_list("step", "values")
+        columns = []
+        for chunk, chunk_rows in itertools.groupby(
+            rows.iterator(chunk_size=500), key=_chunk_of_row
+        ):
+            steps, encoded = encode_columns(chunk_rows)
+            columns.append(
+                MetricColumn(run_id=run_id, chunk=chunk, key=STEPS_COLUMN, steps=steps, values=b"")
+            )
+            columns += [
+                MetricColumn(run_id=run_id, chunk=chunk, key=key, steps=c.steps, values=c.values)
+                for key, c in encoded.items()
+            ]
+        # A chunk without rows (steps never logged) needs no columns: its steps are none.
+        MetricColumn.objects.filter(run_id=run_id, chunk__gte=sealed).delete()  # leftovers, if any
+        MetricColumn.objects.bulk_create(columns, batch_size=200)
+        Run.objects.filter(pk=run_id).update(metric_chunks_sealed=upto)
+    return upto
+
+
+def _chunk_of_row(row: tuple[int, Any]) -> int:
+    return chunk_of(row[0])
 
 
 def seal_unsealed_runs(limit: int = 20) -> list[int]:
-    """Seal up to ``limit`` final runs that have metric rows but no columns (oldest
-    finished first); returns their ids. The reconciler calls this every tick."""
-    has_rows = Exists(MetricStep.objects.filter(run=OuterRef("pk")))
-    sealed = Exists(MetricColumn.objects.filter(run=OuterRef("pk"), key=STEPS_COLUMN))
+    """Seal up to ``limit`` final runs that have rows past their sealed chunks (oldest
+    finished first); returns their ids. The reconciler calls this every tick:
+    runs finished before columns existed, a lost worker's late lines."""
+    unsealed_rows = Exists(
+        MetricStep.objects.filter(
+            run=OuterRef("pk"), step__gte=OuterRef("metric_chunks_sealed") * CHUNK_STEPS
+        )
+    )
     pending = list(
-        Run.objects.filter(has_rows, ~sealed, status__in=FINAL_STATUSES)
+        Run.objects.filter(unsealed_rows, status__in=FINAL_STATUSES)
         .order_by("finished_at", "pk")
         .values_list("pk", flat=True)[:limit]
     )
@@ -375,21 +409,29 @@ def seal_unsealed_runs(limit: int = 20) -> list[int]:
     return pending
 
 
-def _lock_run(run_id: int) -> str | None:
+def _lock_run(run_id: int) -> tuple[str | None, int]:
     """Lock the run's row for this transaction (PostgreSQL; SQLite's IMMEDIATE
-    transactions already serialise writers) and return its status.
+    transactions already serialise writers); returns (status, sealed chunks),
+    (None, 0) for no such run.
 
     Every write of a run's metric rows and every sealing takes this lock first,
     so a sealing never reads the rows while a write it would miss is in
     flight: either the write commits first and the sealing reads it, or the
-    sealing commits first and the write's ``_unseal`` removes its columns.
+    sealing commits first and the write sees the chunks it must unseal.
     """
-    return Run.objects.select_for_update().filter(pk=run_id).values_list("status", flat=True).first()
+    row = (
+        Run.objects.select_for_update()
+        .filter(pk=run_id)
+        .values_list("status", "metric_chunks_sealed")
+        .first()
+    )
+    return row if row is not None else (None, 0)
 
 
-def _unseal(run_id: int) -> None:
-    """The run's rows changed: its columns no longer mirror them."""
-    MetricColumn.objects.filter(run_id=run_id).delete()
+def _unseal(run_id: int, first: int) -> None:
+    """Rows of chunk ``first`` changed: it and every later chunk stop being columns."""
+    MetricColumn.objects.filter(run_id=run_id, chunk__gte=first).delete()
+    Run.objects.filter(pk=run_id).update(metric_chunks_sealed=first)
 
 
 # --------------------------------------------------------------------------- comments

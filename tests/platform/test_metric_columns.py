@@ -1,5 +1,6 @@
-"""Metric columns: a final run's metrics kept as binary arrays (runs.columns,
-runs.services.seal_metrics) read exactly as its rows do, and never go stale."""
+"""Metric columns: settled chunks of a run's metrics kept as binary arrays
+(runs.columns, runs.services.seal_metrics) read exactly as its rows do, and
+never go stale when rows are rewritten."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import pytest
 
 from jobs import services as jobs
 from jobs import tasks
+from jobs.supervisor import Supervision, _ingest
+from jobs.tailer import MetricsTail
 from runs import queries
 from runs import services as runs
-from runs.columns import decode_column, decode_steps, encode_columns
-from runs.models import STEPS_COLUMN, MetricColumn, Run, RunStatus
+from runs.columns import CHUNK_STEPS, decode_column, decode_steps, encode_columns
+from runs.models import MetricColumn, Run, RunStatus
 
 TINY = {"run.steps": 3, "warm_start.max_steps": 2, "rollout.prompts_per_step": 2}
+C = CHUNK_STEPS
 
 
 def _run(user, experiment, **kw) -> Run:
@@ -24,12 +28,19 @@ def _run(user, experiment, **kw) -> Run:
     )
 
 
-def _final(run: Run, status: str = RunStatus.SUCCEEDED) -> None:
+def _status(run: Run, status: str) -> None:
     Run.objects.filter(pk=run.pk).update(status=status)
 
 
-def _sealed(run: Run) -> bool:
-    return MetricColumn.objects.filter(run=run, key=STEPS_COLUMN).exists()
+def _sealed(run: Run) -> int:
+    run.refresh_from_db()
+    chunks = set(MetricColumn.objects.filter(run=run).values_list("chunk", flat=True))
+    assert chunks <= set(range(run.metric_chunks_sealed))  # never a column past the prefix
+    return run.metric_chunks_sealed
+
+
+def _a(steps) -> list[dict]:
+    return [{"step": s, "a": float(s)} for s in steps]
 
 
 # --------------------------------------------------------------------------- layout
@@ -41,7 +52,7 @@ def test_encode_columns_by_hand():
     ]
     steps, columns = encode_columns(rows)
     assert steps == np.array([0, 2, 5], dtype="<i8").tobytes()
-    # "a" is at every step: its column shares the run's steps (stored empty)
+    # "a" is at every step: its column shares the chunk's steps (stored empty)
     assert columns["a"].steps == b""
     assert columns["a"].values == np.array([1.5, 2.0, 1.0], dtype="<f8").tobytes()
     # "b" is at steps 0 and 2: a null and a string are both gaps (NaN)
@@ -63,10 +74,16 @@ def test_decode_column_cuts_the_window_inclusively():
 
 
 # --------------------------------------------------------------------------- same reads
+N_STEPS = 2 * C + 300  # two full chunks and a tail
+
+
 def _varied_records(n: int) -> list[dict]:
-    """Dense, sparse and null-bearing scalars, vectors with a null, a string."""
+    """Dense, sparse and null-bearing scalars, vectors with a null, a string, and a
+    run of steps never logged (a chunk boundary inside it)."""
     out = []
     for s in range(n):
+        if C - 20 <= s < C + 10:
+            continue
         record = {"step": s, "reward/mean": math.sin(s), "policy/loss": None if s % 7 == 3 else -s}
         if s % 10 == 0:
             record["eval/accuracy"] = s / n
@@ -91,93 +108,143 @@ def _same(a: queries.RunSeries, b: queries.RunSeries) -> None:
             np.testing.assert_array_equal(values_a, values_b, err_msg=key)
 
 
-@pytest.mark.parametrize("window", [(None, None), (5, 31), (-10, 3), (40, 45), (60, 70)])
-def test_sealed_run_reads_exactly_as_its_rows(user, experiment, window):
-    rows_run, sealed_run = _run(user, experiment), _run(user, experiment)
-    for run in (rows_run, sealed_run):
-        runs.ingest_metrics(run.pk, _varied_records(50))
-        _final(run)
-    assert runs.seal_metrics(sealed_run.pk) == 4
+WINDOWS = [
+    (None, None),
+    (5, 31),
+    (-10, 3),
+    (C - 30, C + 40),  # across a chunk boundary, inside the never-logged steps
+    (2 * C - 5, 2 * C + 5),  # from the last sealed chunk of a training run into its tail
+    (C + 100, None),
+    (None, C + 100),
+    (N_STEPS - 10, N_STEPS + 100),
+    (N_STEPS + 10, N_STEPS + 20),  # past every step
+]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=[f"{a}..{b}" for a, b in WINDOWS])
+def test_sealed_runs_read_exactly_as_their_rows(user, experiment, window):
+    rows_run, training, finished = (_run(user, experiment) for _ in range(3))
+    for run in (rows_run, training, finished):
+        runs.ingest_metrics(run.pk, _varied_records(N_STEPS))
+    _status(rows_run, RunStatus.SUCCEEDED)
+    _status(training, RunStatus.RUNNING)
+    _status(finished, RunStatus.SUCCEEDED)
+    assert runs.seal_metrics(training.pk) == 2  # the tail's chunk is not settled
+    assert runs.seal_metrics(finished.pk) == 3
     keys = ["reward/mean", "policy/loss", "eval/accuracy", "experts/load/L0", "never/logged"]
     start, end = window
-    data = queries.metric_series_many([rows_run.pk, sealed_run.pk], keys, start=start, end=end)
-    _same(data[rows_run.pk], data[sealed_run.pk])
-    assert not _sealed(rows_run) and _sealed(sealed_run)
+    data = queries.metric_series_many(
+        [rows_run.pk, training.pk, finished.pk], keys, start=start, end=end
+    )
+    _same(data[rows_run.pk], data[training.pk])
+    _same(data[rows_run.pk], data[finished.pk])
+    assert _sealed(rows_run) == 0
 
 
-def test_a_read_of_many_sealed_runs_is_one_query(user, experiment, django_assert_num_queries):
+def test_a_read_is_two_queries_whatever_the_runs(user, experiment, django_assert_num_queries):
     ids = []
     for i in range(6):
         run = _run(user, experiment)
-        runs.ingest_metrics(run.pk, [{"step": s, "a": s * i} for s in range(30)])
-        _final(run)
-        runs.seal_metrics(run.pk)
+        runs.ingest_metrics(run.pk, [{"step": s, "a": s * i} for s in range(C + 30)])
+        _status(run, RunStatus.SUCCEEDED if i % 3 else RunStatus.RUNNING)
+        if i % 2:
+            runs.seal_metrics(run.pk)
         ids.append(run.pk)
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2):
         data = queries.metric_series_many(ids, ["a"])
-    assert data[ids[2]].series["a"][1].tolist() == [2.0 * s for s in range(30)]
+    for i, rid in enumerate(ids):
+        assert data[rid].series["a"][1].tolist() == [float(s * i) for s in range(C + 30)]
 
 
 # --------------------------------------------------------------------------- lifecycle
-def test_only_a_final_run_is_sealed(user, experiment):
+def test_chunks_are_sealed_once_settled(user, experiment):
     run = _run(user, experiment)
-    runs.ingest_metrics(run.pk, [{"step": 0, "a": 1.0}])
-    assert runs.seal_metrics(run.pk) == 0 and not _sealed(run)  # queued: may still change
-    _final(run, RunStatus.FAILED)
-    assert runs.seal_metrics(run.pk) == 1 and _sealed(run)
-    assert runs.seal_metrics(run.pk) == 1  # idempotent: rebuilt, not duplicated
-    assert MetricColumn.objects.filter(run=run).count() == 2
+    _status(run, RunStatus.RUNNING)
+    runs.ingest_metrics(run.pk, _a(range(C)))
+    assert runs.seal_metrics(run.pk) == 0  # chunk 0 may still grow
+    runs.ingest_metrics(run.pk, _a(range(C, C + 1)))
+    assert runs.seal_metrics(run.pk) == 1 and _sealed(run) == 1
+    assert runs.seal_metrics(run.pk) == 1  # idempotent
+    assert MetricColumn.objects.filter(run=run).count() == 2  # steps and "a" of chunk 0
+    _status(run, RunStatus.FAILED)
+    assert runs.seal_metrics(run.pk) == 2  # final: the last chunk too
+
+
+def test_a_rewind_unseals_from_its_chunk(user, experiment):
+    run = _run(user, experiment)
+    _status(run, RunStatus.RUNNING)
+    runs.ingest_metrics(run.pk, _a(range(3 * C + 5)))
+    assert runs.seal_metrics(run.pk) == 3
+    # a resumed trainer rewrites from its checkpoint, in chunk 1
+    runs.ingest_metrics(run.pk, [{"step": C + 7, "a": -1.0}])
+    assert _sealed(run) == 1
+    values = queries.metric_series_many([run.pk], ["a"])[run.pk].series["a"][1]
+    assert values[C + 7] == -1.0 and values[C + 8] == C + 8
+    # appending to the unsealed tail unseals nothing
+    runs.ingest_metrics(run.pk, _a(range(3 * C + 5, 3 * C + 9)))
+    assert _sealed(run) == 1
+
+
+def test_late_writes_to_a_final_run_are_read_and_resealed(user, experiment):
+    run = _run(user, experiment)
+    runs.ingest_metrics(run.pk, _a(range(2 * C + 10)))
+    _status(run, RunStatus.SUCCEEDED)
+    assert runs.seal_metrics(run.pk) == 3
+    runs.ingest_metrics(run.pk, _a([3 * C + 1]))  # a lost worker's late line, in chunk 3
+    assert _sealed(run) == 3
+    assert queries.metric_series_many([run.pk], ["a"])[run.pk].steps[-1] == 3 * C + 1
+    assert runs.seal_unsealed_runs() == [run.pk] and _sealed(run) == 4
+    assert runs.drop_metrics_after(run.pk, C + 1) > 0  # rows past the final file
+    assert _sealed(run) == 1
+    assert queries.metric_series_many([run.pk], ["a"])[run.pk].steps[-1] == C + 1
 
 
 def test_finishing_a_run_seals_it(user, experiment):
     run = _run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
-    runs.ingest_metrics(run.pk, [{"step": s, "a": float(s)} for s in range(5)])
-    assert not _sealed(run)
+    runs.ingest_metrics(run.pk, _a(range(5)))
+    assert _sealed(run) == 0
     assert jobs.finish_run(claim, status="succeeded", summary={"status": "succeeded"})
-    assert _sealed(run)
+    assert _sealed(run) == 1
 
 
-def test_writing_rows_of_a_sealed_run_removes_its_columns(user, experiment):
+def test_the_worker_seals_chunks_as_training_moves_on(user, experiment, tmp_path):
     run = _run(user, experiment)
-    runs.ingest_metrics(run.pk, [{"step": s, "a": float(s)} for s in range(5)])
-    _final(run)
-    runs.seal_metrics(run.pk)
-    runs.ingest_metrics(run.pk, [{"step": 5, "a": 50.0}])  # e.g. a lost worker's last lines
-    assert not _sealed(run)
-    assert queries.metric_series_many([run.pk], ["a"])[run.pk].series["a"][1][-1] == 50.0
-    runs.seal_metrics(run.pk)
-    assert runs.drop_metrics_after(run.pk, 2) == 3
-    assert not _sealed(run)
-    assert queries.metric_series_many([run.pk], ["a"])[run.pk].steps.tolist() == [0, 1, 2]
+    claim = jobs.claim_run(run.pk, worker_host="w1")
+    sup = Supervision(claim=claim, run_dir=tmp_path, tail=MetricsTail(tmp_path / "m.jsonl"))
+    _ingest(sup, _a(range(C - 1)))
+    assert _sealed(run) == 0
+    _ingest(sup, _a(range(C - 1, 2 * C + 3)))
+    assert sup.sealed_chunks == 2 and _sealed(run) == 2
 
 
 def test_reconciler_seals_final_runs_left_without_columns(user, experiment):
     finished, training, empty = (_run(user, experiment) for _ in range(3))
     for run in (finished, training):
-        runs.ingest_metrics(run.pk, [{"step": 0, "a": 1.0}])
-    _final(finished)
-    _final(empty, RunStatus.CANCELLED)
-    Run.objects.filter(pk=training.pk).update(status=RunStatus.RUNNING)
+        runs.ingest_metrics(run.pk, _a(range(2)))
+    _status(finished, RunStatus.SUCCEEDED)
+    _status(empty, RunStatus.CANCELLED)
+    _status(training, RunStatus.RUNNING)
     assert runs.seal_unsealed_runs() == [finished.pk]  # no rows: nothing to seal
     assert runs.seal_unsealed_runs() == []
-    runs.ingest_metrics(finished.pk, [{"step": 1, "a": 2.0}])
+    runs.ingest_metrics(finished.pk, _a([1]))  # rewritten: unsealed again
+    assert _sealed(finished) == 0
     tasks.reconcile()  # the periodic task seals it again
-    assert _sealed(finished) and not _sealed(training)
+    assert _sealed(finished) == 1 and _sealed(training) == 0
 
 
 def test_a_run_failed_by_the_reconciler_is_sealed(user, experiment):
     run = _run(user, experiment)
     Run.objects.filter(pk=run.pk).update(max_attempts=1)
     jobs.claim_run(run.pk, worker_host="w1")
-    runs.ingest_metrics(run.pk, [{"step": 0, "a": 1.0}])
+    runs.ingest_metrics(run.pk, _a([0]))
     Run.objects.filter(pk=run.pk).update(heartbeat_at="2000-01-01T00:00:00Z")
     assert [a.action for a in jobs.reconcile_stale_runs(60)] == ["failed"]
-    assert _sealed(run)
+    assert _sealed(run) == 1
 
 
 def test_cancelling_a_requeued_run_seals_its_earlier_metrics(user, experiment):
     run = _run(user, experiment)
-    runs.ingest_metrics(run.pk, [{"step": 0, "a": 1.0}])  # an earlier attempt's steps
+    runs.ingest_metrics(run.pk, _a([0]))  # an earlier attempt's steps
     runs.cancel_run(run, user=user)
-    assert _sealed(run)
+    assert _sealed(run) == 1

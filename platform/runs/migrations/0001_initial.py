@@ -6,102 +6,225 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('experiments', '0001_initial'),
+        ("experiments", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('variant', models.CharField(blank=True, help_text='Label within a comparison.', max_length=200)),
-                ('preset', models.CharField(blank=True, max_length=100)),
-                ('config', models.JSONField(help_text='Fully resolved, validated config.')),
-                ('seed', models.IntegerField()),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
-                ('queue', models.CharField(help_text='Hardware queue, e.g. cpu or gpu-a100.', max_length=64)),
-                ('priority', models.SmallIntegerField(default=0, help_text='Higher runs first (0-9).')),
-                ('task_id', models.CharField(blank=True, max_length=64)),
-                ('worker_host', models.CharField(blank=True, max_length=255)),
-                ('gpu_index', models.CharField(blank=True, help_text='CUDA_VISIBLE_DEVICES.', max_length=64)),
-                ('attempts', models.PositiveSmallIntegerField(default=0)),
-                ('max_attempts', models.PositiveSmallIntegerField(default=3)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('queued_at', models.DateTimeField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('current_step', models.IntegerField(default=0, help_text='Steps whose metrics are stored.')),
-                ('total_steps', models.IntegerField()),
-                ('summary', models.JSONField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('run_dir', models.CharField(blank=True, max_length=500)),
-                ('experiment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='experiments.experiment')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to=settings.AUTH_USER_MODEL)),
-                ('sweep', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='runs', to='experiments.sweep')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "variant",
+                    models.CharField(
+                        blank=True, help_text="Label within a comparison.", max_length=200
+                    ),
+                ),
+                ("preset", models.CharField(blank=True, max_length=100)),
+                ("config", models.JSONField(help_text="Fully resolved, validated config.")),
+                ("seed", models.IntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "queue",
+                    models.CharField(
+                        help_text="Hardware queue, e.g. cpu or gpu-a100.", max_length=64
+                    ),
+                ),
+                (
+                    "priority",
+                    models.SmallIntegerField(default=0, help_text="Higher runs first (0-9)."),
+                ),
+                ("task_id", models.CharField(blank=True, max_length=64)),
+                ("worker_host", models.CharField(blank=True, max_length=255)),
+                (
+                    "gpu_index",
+                    models.CharField(blank=True, help_text="CUDA_VISIBLE_DEVICES.", max_length=64),
+                ),
+                ("attempts", models.PositiveSmallIntegerField(default=0)),
+                ("max_attempts", models.PositiveSmallIntegerField(default=3)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("queued_at", models.DateTimeField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "current_step",
+                    models.IntegerField(default=0, help_text="Steps whose metrics are stored."),
+                ),
+                ("total_steps", models.IntegerField()),
+                ("summary", models.JSONField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("run_dir", models.CharField(blank=True, max_length=500)),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="runs",
+                        to="experiments.experiment",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="runs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "sweep",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="runs",
+                        to="experiments.sweep",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='MetricStep',
+            name="MetricStep",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.IntegerField()),
-                ('values', models.JSONField()),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metric_steps', to='runs.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("step", models.IntegerField()),
+                ("values", models.JSONField()),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="metric_steps",
+                        to="runs.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'step'],
+                "ordering": ["run", "step"],
             },
         ),
         migrations.CreateModel(
-            name='Comment',
+            name="Comment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('body', models.TextField(max_length=10000)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('author', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='comments', to=settings.AUTH_USER_MODEL)),
-                ('experiment', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='comments', to='experiments.experiment')),
-                ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='comments', to='runs.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("body", models.TextField(max_length=10000)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "author",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="comments",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="comments",
+                        to="experiments.experiment",
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="comments",
+                        to="runs.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at'],
+                "ordering": ["created_at"],
             },
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['queue', 'status', '-priority', 'created_at'], name='runs_run_queue_83c3be_idx'),
+            model_name="run",
+            index=models.Index(
+                fields=["queue", "status", "-priority", "created_at"],
+                name="runs_run_queue_83c3be_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', 'heartbeat_at'], name='runs_run_status_334c94_idx'),
+            model_name="run",
+            index=models.Index(
+                fields=["status", "heartbeat_at"], name="runs_run_status_334c94_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'running', 'succeeded', 'failed', 'cancelled'])), name='run_status_valid'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("status__in", ["queued", "running", "succeeded", "failed", "cancelled"])
+                ),
+                name="run_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('priority__gte', 0), ('priority__lte', 9)), name='run_priority_0_9'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__gte", 0), ("priority__lte", 9)),
+                name="run_priority_0_9",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.CheckConstraint(condition=models.Q(('current_step__gte', 0), ('total_steps__gte', 1)), name='run_steps_valid'),
+            model_name="run",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("current_step__gte", 0), ("total_steps__gte", 1)),
+                name="run_steps_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='metricstep',
-            constraint=models.UniqueConstraint(fields=('run', 'step'), name='metric_step_unique'),
+            model_name="metricstep",
+            constraint=models.UniqueConstraint(fields=("run", "step"), name="metric_step_unique"),
         ),
         migrations.AddConstraint(
-            model_name='comment',
-            constraint=models.CheckConstraint(condition=models.Q(('run__isnull', False), ('experiment__isnull', False), _connector='OR'), name='comment_has_target'),
+            model_name="comment",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("run__isnull", False), ("experiment__isnull", False), _connector="OR"
+                ),
+                name="comment_has_target",
+            ),
         ),
     ]

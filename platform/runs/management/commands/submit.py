@@ -118,7 +118,6 @@ class Command(BaseCommand):
         ids = list(sweep.runs.values_list("pk", flat=True))
         self.stdout.write(f"sweep {sweep.pk}: {len(ids)} runs queued: {ids}")
 
-
     def _study(self, owner, opts):
         definition = study_definition_dict(opts["study"])
         experiment = self._experiment(
