@@ -1,6 +1,6 @@
 """From stored series to a chart: window, downsample, build the figure (no ORM here).
 
-Views read series with at most two queries per run set (runs/queries.py
+Views read series with two queries per run set (runs/queries.py
 ``metric_series_many``), hand the raw series to these functions and return
 ``export.figure_payload`` or ``export.export_body`` of the result.
 

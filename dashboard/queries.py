@@ -2,8 +2,8 @@
 whatever the number of runs: the pages' query counts are tested for that.
 
 Metric series come from the platform's ``runs.queries.metric_series_many``
-(at most two queries for a whole run set: finished runs' metric columns,
-then the step rows of runs without columns).
+(two queries for a whole run set: the columns of every run's sealed chunks
+of steps, then the rows after them).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def pinned_baselines(experiment_ids: Iterable[int]) -> dict[int, int]:
 def series_for(
     runs: Sequence[Run], keys: list[str], *, start=None, end=None
 ) -> dict[int, RunSeries]:
-    """Raw full-resolution series of many runs (at most two queries). A key's series holds
+    """Raw full-resolution series of many runs (two queries). A key's series holds
     only the steps that logged it; NaN is a stored non-finite value (a gap)."""
     return metric_series_many([r.pk for r in runs], keys, start=start, end=end)
 

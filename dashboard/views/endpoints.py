@@ -4,7 +4,7 @@ Every endpoint answers ``?max_points=&start=&end=`` with the live payload
 (``{"figure", "running"}``, series downsampled keeping extremes, a zoomed
 window at full resolution when it fits) and ``?format=csv|json`` with the
 chart's data as a file (full resolution unless max_points is given). A metric
-read is at most two queries per run set (runs.queries.metric_series_many).
+read is two queries per run set (runs.queries.metric_series_many).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ chunk's step rows into one column per key; ``decode_column`` turns one
 column back into the ``(steps, values)`` pair ``runs.queries.RunSeries``
 holds, cut to a step window. Both follow the same
 rules as the aggregated read of the rows (runs/queries.py ``_present``), so a
-sealed run reads exactly as its rows do:
+sealed chunk reads exactly as its rows do:
 
 - a step whose JSON lacks the key is not in the key's column;
 - a scalar key's stored null, or anything but a number under it, is NaN
