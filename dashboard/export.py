@@ -13,7 +13,10 @@ JSON keeps each trace's arrays: ``{"title", "x_title", "y_title", "traces":
 
 A trace may set ``meta["export_x"]`` to the x values to export in place of the
 drawn ones (the collapse strip draws seeds at jittered numeric positions but
-exports the variant name).
+exports the variant name), ``meta["export_text"]`` to the labels to export in
+place of the drawn ones (it draws one ">= N" per group of seeds censored at
+the same step, but exports each seed's), and ``meta["export"] = False`` to
+leave out a trace that only places a label.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def _trace_record(trace: Any) -> dict[str, Any]:
     }
     if trace.type == "heatmap":
         record["z"] = [_column(row) for row in np.asarray(trace.z, dtype=np.float64)]
-    text = getattr(trace, "text", None)
+    text = meta.get("export_text", getattr(trace, "text", None))
     if text is not None and not isinstance(text, str):
         record["text"] = _column(text)
     return record
@@ -73,7 +76,11 @@ def figure_data(fig: go.Figure) -> dict[str, Any]:
         "title": _text(layout.title) or "",
         "x_title": _text(layout.xaxis.title) or "",
         "y_title": _text(layout.yaxis.title) or "",
-        "traces": [_trace_record(t) for t in fig.data],
+        "traces": [
+            _trace_record(t)
+            for t in fig.data
+            if not (isinstance(t.meta, dict) and t.meta.get("export") is False)
+        ],
     }
 
 

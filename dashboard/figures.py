@@ -58,6 +58,9 @@ __all__ = [
 
 Outcome = RunOutcome | Event
 
+# Collapse strip: a variant's seeds sit within +-SEED_SPREAD of its tick (axis units).
+SEED_SPREAD = 0.18
+
 
 @dataclass(frozen=True)
 class CollapseMarker:
@@ -424,7 +427,9 @@ def collapse_strip(
 ) -> go.Figure:
     """Each seed a point at its collapse step; a seed that never collapsed is an
     open up-triangle at its last step labelled ">= N" (it survived at least that
-    long). A wide dash marks the variant's mean, labelled as in the table."""
+    long; seeds censored at the same step share one drawn label, the download
+    has each seed's). A wide dash marks the variant's mean, labelled as in the
+    table, the label to the right of the seeds so the two never overlap."""
     variants = list(outcomes_by_variant)
     fig = go.Figure(
         layout=base_layout(
@@ -445,12 +450,15 @@ def collapse_strip(
         color = color_of(variant, colors)
         events = _events(outcomes_by_variant[variant])
         # Spread seeds sideways in a fixed pattern so equal steps do not overlap.
-        offsets = np.linspace(-0.18, 0.18, len(events)) if len(events) > 1 else np.zeros(1)
+        offsets = (
+            np.linspace(-SEED_SPREAD, SEED_SPREAD, len(events)) if len(events) > 1 else np.zeros(1)
+        )
         for collapsed in (True, False):
             chosen = [(off, e) for off, e in zip(offsets, events, strict=True) if e[1] is collapsed]
             if not chosen:
                 continue
             steps = [e[0] for _, e in chosen]
+            labels = None if collapsed else [f"{LOWER_BOUND_PREFIX}{s}" for s in steps]
             hovers = [
                 f"{e[2]}: collapsed at step {e[0]}"
                 if collapsed
@@ -470,7 +478,7 @@ def collapse_strip(
                         "color": color,
                         "line": {"width": 1.5, "color": color},
                     },
-                    text=None if collapsed else [f"{LOWER_BOUND_PREFIX}{s}" for s in steps],
+                    text=None if labels is None else _one_label_per_step(steps, labels),
                     textposition="top center",
                     textfont={"color": color, "size": 10},
                     hovertext=hovers,
@@ -479,6 +487,7 @@ def collapse_strip(
                         "variant": variant,
                         "role": "collapsed" if collapsed else "censored",
                         "export_x": [variant] * len(chosen),
+                        **({} if labels is None else {"export_text": labels}),
                     },
                 )
             )
@@ -488,7 +497,7 @@ def collapse_strip(
                 go.Scatter(
                     x=[pos],
                     y=[summary.mean_step],
-                    mode="markers+text",
+                    mode="markers",
                     name=f"{variant}: mean",
                     legendgroup=variant,
                     showlegend=False,
@@ -499,14 +508,40 @@ def collapse_strip(
                         "line": {"width": 3},
                     },
                     text=[summary.label],
-                    textposition="middle right",
-                    textfont={"color": color},
                     hovertext=[f"{variant}: mean {summary.label} ({summary.count_label})"],
                     hoverinfo="text",
                     meta={"variant": variant, "role": "mean", "export_x": [variant]},
                 )
             )
+            fig.add_trace(  # the mean's label, drawn right of every seed's point
+                go.Scatter(
+                    x=[pos + SEED_SPREAD + 0.06],
+                    y=[summary.mean_step],
+                    mode="text",
+                    name=f"{variant}: mean label",
+                    legendgroup=variant,
+                    showlegend=False,
+                    text=[summary.label],
+                    textposition="middle right",
+                    textfont={"color": color},
+                    hoverinfo="skip",
+                    meta={"variant": variant, "role": "mean label", "export": False},
+                )
+            )
     return fig
+
+
+def _one_label_per_step(steps: Sequence[int], labels: Sequence[str]) -> list[str]:
+    """``labels`` with only the middle point of each group of equal steps labelled
+    (the points sit side by side, and equal labels would print over each other)."""
+    shown = [""] * len(labels)
+    by_step: dict[int, list[int]] = {}
+    for i, step in enumerate(steps):
+        by_step.setdefault(step, []).append(i)
+    for members in by_step.values():
+        middle = members[len(members) // 2]
+        shown[middle] = labels[middle]
+    return shown
 
 
 def survival_curves(

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from dashboard.aggregate import aggregate_seeds, on_grid
+from dashboard.export import figure_data
 from dashboard.figures import (
     CollapseMarker,
     collapse_strip,
@@ -207,6 +208,23 @@ def test_collapse_strip_draws_censored_seeds_as_lower_bounds():
     assert traces["moe-grpo-r3: mean"].y == (1400.0,)
     # seeds of one variant sit side by side around its tick
     assert all(0.5 < x < 1.5 for x in traces["moe-grpo-r3: collapsed"].x + censored.x)
+
+
+def test_collapse_strip_draws_one_label_per_censored_step_and_exports_each():
+    """Three seeds censored at the same step sit side by side: one drawn ">= N"
+    (equal labels would print over each other), three in the download; the
+    mean's label is drawn right of every seed and is not a data row."""
+    outcomes = {"r3": [RunOutcome("r3", 299, False, seed=s) for s in range(3)]}
+    fig = collapse_strip(outcomes)
+    traces = _by_name(fig)
+    censored = traces["r3: censored"]
+    assert censored.text == ("", ">= 299", "")
+    label = traces["r3: mean label"]
+    assert label.mode == "text" and label.text == (">= 299",)
+    assert label.x[0] > max(censored.x)
+    data = figure_data(fig)
+    assert [t["name"] for t in data["traces"]] == ["r3: censored", "r3: mean"]
+    assert data["traces"][0]["text"] == [">= 299"] * 3
 
 
 def test_survival_curves_values_and_censor_ticks():
