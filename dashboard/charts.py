@@ -159,9 +159,11 @@ def layer_heatmap(
     window: Window,
     *,
     title: str | None = None,
+    shared_scale: bool = False,
 ) -> go.Figure:
     """Expert load of one layer (experts x steps) in the window; columns averaged into
-    at most ``max_points`` buckets (a bucket's mean load is still a distribution)."""
+    at most ``max_points`` buckets (a bucket's mean load is still a distribution).
+    ``shared_scale``: the fixed color scale of heatmaps compared side by side."""
     x, z = load_matrix(steps, vectors)
     if z.shape[0] == 0 or x.size == 0:
         return empty_figure(f"Expert load, layer {layer}: no data yet")
@@ -175,4 +177,6 @@ def layer_heatmap(
         return empty_figure(f"Expert load, layer {layer}: no steps in this window")
     if window.max_points is not None:
         x, z = bin_columns(x, z, window.max_points)
-    return expert_heatmap(x, z, layer, title=title, uirevision="experts/load")
+    return expert_heatmap(
+        x, z, layer, title=title, uirevision="experts/load", shared_scale=shared_scale
+    )

@@ -59,6 +59,9 @@ __all__ = [
 Outcome = RunOutcome | Event
 
 # Collapse strip: a variant's seeds sit within +-SEED_SPREAD of its tick (axis units).
+# Expert-load heatmaps compared side by side: colors span 0 to this many times the
+# balanced load (a 4x-overloaded expert and worse saturate).
+SHARED_LOAD_SCALE = 4.0
 SEED_SPREAD = 0.18
 
 
@@ -81,6 +84,12 @@ def _marker(value: CollapseMarker | tuple[int, str] | int) -> CollapseMarker:
 def _y_format(key: str) -> tuple[str, str]:
     """(axis tickformat, hover format) for a metric key."""
     return (".0%", ".2%") if key in SHARE_KEYS else ("", ".4g")
+
+
+def _share_axis(tick_format: str) -> dict[str, str]:
+    """A share's y axis: percentages, never below 0 (an all-zero share would
+    otherwise autorange to -100%..100%)."""
+    return {"tickformat": tick_format, "rangemode": "nonnegative"}
 
 
 def _value_at(steps: np.ndarray, values: np.ndarray, step: int) -> float | None:
@@ -120,7 +129,7 @@ def metric_lines(
         uirevision=uirevision or key,
     )
     if tick_format:
-        layout["yaxis"]["tickformat"] = tick_format
+        layout["yaxis"].update(_share_axis(tick_format))
     order = list(series_by_run)
     if baseline is not None:
         order.remove(baseline)
@@ -237,7 +246,7 @@ def seed_band(
         )
     )
     if tick_format:
-        fig.update_yaxes(tickformat=tick_format)
+        fig.update_yaxes(**_share_axis(tick_format))
     for variant, seeds in seeds_by_variant.items():
         color = color_of(variant, colors)
         agg = aggregate_seeds(seeds, band)
@@ -322,11 +331,16 @@ def expert_heatmap(
     *,
     title: str | None = None,
     uirevision: str | None = None,
+    shared_scale: bool = False,
 ) -> go.Figure:
     """Expert load of one MoE layer: experts (rows) x steps (columns).
 
     load_matrix: (E, n) share of routed assignments per expert and step
     (experts/load/L{layer}); balanced load is 1/E in every cell.
+    ``shared_scale``: colors span 0 to ``SHARED_LOAD_SCALE`` x balanced load
+    (capped at 100%) instead of this run's own maximum, so heatmaps of
+    different runs side by side read alike (a run within +-40% of balance must
+    not look as skewed as one with an expert at 60%); hover shows the value.
     """
     fig = go.Figure(
         layout=base_layout(
@@ -337,7 +351,7 @@ def expert_heatmap(
             hovermode="closest",
         )
     )
-    fig.add_trace(_heatmap_trace(steps, load_matrix, layer))
+    fig.add_trace(_heatmap_trace(steps, load_matrix, layer, shared_scale=shared_scale))
     return fig
 
 
@@ -345,19 +359,28 @@ def _heatmap_trace(
     steps: Sequence[int] | np.ndarray,
     load_matrix: Sequence[Sequence[float]] | np.ndarray,
     layer: int,
+    *,
+    shared_scale: bool = False,
 ) -> go.Heatmap:
     z = np.asarray(load_matrix, dtype=np.float64)
     x = np.asarray(steps)
     if z.ndim != 2 or z.shape[1] != x.size:
         raise ValueError(f"load_matrix must be (experts, {x.size}), got {z.shape}")
     n_experts = z.shape[0]
+    balanced = 1 / n_experts
+    colorbar: dict[str, Any] = {
+        "title": {"text": f"load (balanced = {balanced:.1%})"},
+        "tickformat": ".0%",
+    }
+    zmax = min(1.0, SHARED_LOAD_SCALE * balanced) if shared_scale else None
     return go.Heatmap(
         x=x,
         y=np.arange(n_experts),
         z=z,
         zmin=0.0,
+        zmax=zmax,
         colorscale="Viridis",
-        colorbar={"title": {"text": f"load (balanced = {1 / n_experts:.1%})"}, "tickformat": ".0%"},
+        colorbar=colorbar,
         name=f"layer {layer}",
         hovertemplate="step %{x}<br>expert %{y}<br>load %{z:.1%}<extra></extra>",
         meta={"layer": layer, "role": "expert_load"},

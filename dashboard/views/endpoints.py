@@ -116,9 +116,11 @@ def run_chart(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required_json
 def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
-    """Expert load of one MoE layer of a run (experts x steps); ``?layer=``."""
+    """Expert load of one MoE layer of a run (experts x steps); ``?layer=`` and
+    ``?scale=auto|shared`` (shared: the compare page's common color scale)."""
     run = get_object_or_404(Run, pk=run_id)
     layer = params.layer(request)
+    shared_scale = params.heatmap_scale(request) == "shared"
     window = _window(request)
     fetch = window.fetch_bounds()
     key = mk.experts_load(layer)
@@ -131,6 +133,7 @@ def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
         layer,
         window,
         title=f"{q.run_label(run)}: expert load, layer {layer}",
+        shared_scale=shared_scale,
     )
     return chart_response(
         request, fig, running=run.is_active, filename=f"run-{run.pk}-expert-load-L{layer}"

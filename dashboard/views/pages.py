@@ -24,6 +24,7 @@ from django.utils.html import escape
 from dashboard import queries as q
 from dashboard import services
 from dashboard.configdiff import config_diff, display_value
+from dashboard.figures import SHARED_LOAD_SCALE
 from dashboard.models import BaselinePin, SavedComparison, VerdictLabel
 from dashboard.panels import (
     EXPERIMENT_KEYS,
@@ -326,7 +327,11 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
     all_layers = sorted({layer for r in moe_runs for layer in moe_layers(r.config)})
     layer = params.layer(request, default=all_layers[0] if all_layers else 0)
     heatmaps = [
-        _chart(f"heatmap-{r.pk}", _url("run_heatmap", [r.pk], layer=layer), labels[r.pk])
+        _chart(
+            f"heatmap-{r.pk}",
+            _url("run_heatmap", [r.pk], layer=layer, scale="shared"),
+            labels[r.pk],
+        )
         for r in moe_runs
         if layer in moe_layers(r.config)
     ]
@@ -351,6 +356,7 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
         # every metric chart's data in one read and one response (live.js LiveGroup)
         "group_url": _url("compare_charts", runs=run_param, baseline=baseline_id),
         "heatmaps": heatmaps,
+        "shared_load_scale": SHARED_LOAD_SCALE,
         "layers": all_layers,
         "layer": layer,
         "diff": [

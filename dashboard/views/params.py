@@ -91,6 +91,14 @@ def metric_keys(request: HttpRequest) -> list[str]:
     return keys
 
 
+def heatmap_scale(request: HttpRequest) -> str:
+    """``auto`` (each heatmap its own color range) or ``shared`` (a fixed range)."""
+    scale = request.GET.get("scale", "auto")
+    if scale not in ("auto", "shared"):
+        raise BadParameter("scale", "scale must be auto or shared")
+    return scale
+
+
 def layer(request: HttpRequest, default: int = 0) -> int:
     value = _int(request, "layer")
     if value is None:

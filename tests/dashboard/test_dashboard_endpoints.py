@@ -203,6 +203,12 @@ def test_heatmap_bins_steps_and_keeps_distributions(alice, make_run):
     np.testing.assert_allclose(zoomed["z"][:, 0], load(10))
     empty = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 5}).json()
     assert "no data yet" in empty["figure"]["layout"]["annotations"][0]["text"]
+    shared = payload_traces(
+        alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "scale": "shared"})
+    )[0]
+    assert shared["zmax"] == 1.0  # 4 experts: 4 x 25%
+    bad = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "scale": "log"})
+    assert bad.status_code == 400 and "scale" in bad.json()["errors"]
 
 
 def test_status_endpoint_reports_progress_and_log_tail(alice, make_run, settings, tmp_path):

@@ -83,6 +83,7 @@ def test_metric_lines_marks_the_collapse_step_with_its_reason():
     assert "accuracy below 50% of best" in marker.hovertemplate
     assert marker.legendgroup == "r1"  # hiding the run hides its marker
     assert fig.layout.yaxis.tickformat == ".0%"  # accuracy is a share
+    assert fig.layout.yaxis.rangemode == "nonnegative"  # a share is never below 0
 
 
 def test_collapse_marker_accepts_plain_tuples_and_skips_unknown_runs():
@@ -164,8 +165,18 @@ def test_expert_heatmap_is_experts_by_steps():
     assert "25.0%" in trace.colorbar.title.text  # balanced load for 4 experts
     assert fig.layout.title.text == "Expert load, layer 2"
     assert fig.layout.uirevision == mk.experts_load(2)
+    assert trace.zmax is None  # this run's own range
     with pytest.raises(ValueError, match="experts"):
         expert_heatmap([1, 2], load, layer=0)
+
+
+def test_expert_heatmaps_compared_side_by_side_share_a_fixed_scale():
+    """0 to 4x balanced load, whatever the run's own maximum (capped at 100%)."""
+    near_balanced = np.full((8, 2), 0.125)
+    (trace,) = expert_heatmap([0, 1], near_balanced, layer=0, shared_scale=True).data
+    assert (trace.zmin, trace.zmax) == (0.0, 0.5)
+    (two_experts,) = expert_heatmap([0], np.array([[0.9], [0.1]]), 0, shared_scale=True).data
+    assert two_experts.zmax == 1.0
 
 
 def test_expert_heatmap_layer_picker():

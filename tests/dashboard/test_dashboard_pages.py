@@ -157,6 +157,7 @@ def test_compare_page_diffs_only_differing_fields(alice, make_run):
     assert "model.n_experts" not in diff  # equal in both runs
     assert f"runs={a.pk}%2C{b.pk}" in page and f"baseline={b.pk}" in page
     assert f'id="heatmap-{a.pk}"' in page and f'id="heatmap-{b.pk}"' in page
+    assert "scale=shared" in page and "One color scale for every run: 0 to 4x" in page
     assert 'class="baseline-row"' in page
 
 
