@@ -65,8 +65,9 @@ def make_run(user, experiment) -> Callable[..., Run]:
         )
         if records:
             run_services.ingest_metrics(run.pk, records)
-        last = max((r["step"] for r in records), default=0)
-        Run.objects.filter(pk=run.pk).update(status=status, summary=summary, current_step=last)
+        # current_step counts the steps stored (the worker's steps_done): last step + 1
+        done = max((r["step"] + 1 for r in records), default=0)
+        Run.objects.filter(pk=run.pk).update(status=status, summary=summary, current_step=done)
         run_services.seal_metrics(run.pk)  # as a worker's finish does (a no-op unless final)
         run.refresh_from_db()
         return run

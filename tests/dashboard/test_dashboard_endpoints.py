@@ -221,7 +221,7 @@ def test_status_endpoint_reports_progress_and_log_tail(alice, make_run, settings
     run.save(update_fields=["run_dir"])
     body = alice.get(f"/dashboard/runs/{run.pk}/status").json()
     assert body["status"] == "running" and body["running"] is True
-    assert body["current_step"] == 4
+    assert body["current_step"] == 5  # steps 0-4 stored
     assert body["log_tail"] == "step 1\nstep 2 <b>bold</b>\n"
 
 

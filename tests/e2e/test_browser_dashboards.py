@@ -92,7 +92,7 @@ def study(live_server, transactional_db):
             if collapse_at is not None:
                 summary |= {"collapse_step": collapse_at, "collapse_reason": "accuracy fell by 80%"}
             Run.objects.filter(pk=run.pk).update(
-                status=RunStatus.SUCCEEDED, summary=summary, current_step=STEPS - 1
+                status=RunStatus.SUCCEEDED, summary=summary, current_step=STEPS
             )
             runs[variant].append(Run.objects.get(pk=run.pk))
     review.set_verdict(run=runs["none"][0], author=alice, label=VerdictLabel.COLLAPSED)
