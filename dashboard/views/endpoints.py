@@ -33,6 +33,7 @@ from dashboard.views import params
 from dashboard.views.params import BadParameter
 from experiments.models import Experiment, Sweep
 from runs.models import Run
+from runs.queries import placement_text
 from trainer import metric_keys as mk
 
 STABILITY_CHARTS = ("collapse", "survival")
@@ -153,6 +154,7 @@ def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
             "current_step": run.current_step,
             "total_steps": run.total_steps,
             "progress": run.progress,
+            "placement": placement_text(run),
             "collapsed": summary.get("collapsed"),
             "collapse_step": summary.get("collapse_step"),
             "collapse_reason": summary.get("collapse_reason"),

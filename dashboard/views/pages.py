@@ -42,7 +42,7 @@ from dashboard.views.endpoints import stability_runs
 from dashboard.views.params import BadParameter
 from experiments.models import Experiment, Sweep
 from runs.models import Run, RunStatus
-from runs.queries import eta_seconds, queue_position
+from runs.queries import placement_text
 from trainer.config import ConfigError
 
 RUNS_PER_PAGE = 50
@@ -175,8 +175,7 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
         # the platform's run page
         "run": run,
         "can_manage": run.can_manage(request.user),
-        "position": queue_position(run),
-        "eta": eta_seconds(run),
+        "placement": placement_text(run),
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
         "summary_json": json.dumps(run.summary, indent=2, sort_keys=True) if run.summary else "",
         "comments": list(run.comments.select_related("author")),

@@ -108,6 +108,24 @@ def eta_seconds(run: Run) -> float | None:
     return max(0.0, (run.total_steps - run.current_step) / rate)
 
 
+def placement_text(run: Run) -> str:
+    """Where the run stands, one line for the run page's header and its status poll:
+    "position 2 in cpu · attempt 0/3", "queue cpu · worker w1 GPU 0 · attempt 1/3 · ETA 40 s"."""
+    position = queue_position(run)
+    parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
+    if run.worker_host:
+        parts.append(
+            f"worker {run.worker_host}" + (f" GPU {run.gpu_index}" if run.gpu_index else "")
+        )
+    parts.append(f"attempt {run.attempts}/{run.max_attempts}")
+    eta = eta_seconds(run)
+    if eta is not None:
+        parts.append(f"ETA {eta:.0f} s")
+    if run.cancel_requested and run.status == RunStatus.RUNNING:
+        parts.append("cancelling…")
+    return " · ".join(parts)
+
+
 def stale_cutoff(seconds: float):
     return timezone.now() - timedelta(seconds=seconds)
 

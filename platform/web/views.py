@@ -19,7 +19,7 @@ from jobs.models import Worker
 from runs import services
 from runs.configs import resolve_config
 from runs.models import ACTIVE_STATUSES, Run
-from runs.queries import eta_seconds, queue_position
+from runs.queries import eta_seconds, placement_text, queue_position
 from trainer.config import ConfigError
 from trainer.presets import list_presets, preset_dict
 from web import schema_form
@@ -167,8 +167,7 @@ def run_detail(request, pk: int):
         {
             "run": run,
             "can_manage": run.can_manage(request.user),
-            "position": queue_position(run),
-            "eta": eta_seconds(run),
+            "placement": placement_text(run),
             "config_json": json.dumps(run.config, indent=2),
             "summary_json": json.dumps(run.summary, indent=2) if run.summary else "",
             "comments": run.comments.select_related("author"),

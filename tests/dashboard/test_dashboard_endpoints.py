@@ -222,6 +222,7 @@ def test_status_endpoint_reports_progress_and_log_tail(alice, make_run, settings
     body = alice.get(f"/dashboard/runs/{run.pk}/status").json()
     assert body["status"] == "running" and body["running"] is True
     assert body["current_step"] == 5  # steps 0-4 stored
+    assert body["placement"].endswith("attempt 0/3")
     assert body["log_tail"] == "step 1\nstep 2 <b>bold</b>\n"
 
 

@@ -208,8 +208,8 @@ def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
 def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     study, guard, monkeypatch
 ):
-    """The header (status badge, step n/N, Cancel run) follows the same poll as the
-    charts; no reload."""
+    """The header (status badge, step n/N, queue position / worker / attempt, Cancel
+    run) follows the same poll as the charts; no reload."""
     monkeypatch.setattr("dashboard.views.pages.LIVE_INTERVAL_MS", 400)
     alice = get_user_model().objects.get(username="alice")
     run = run_services.submit_run(
@@ -218,12 +218,17 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     )  # fmt: skip
     run_services.ingest_metrics(run.pk, [_record(s, seed=0, collapse_at=None, spike=False)
                                          for s in range(20)])  # fmt: skip
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, current_step=20)
     page = guard.new_page()
     page.goto(f"{study['url']}/dashboard/runs/{run.pk}/")
     _log_in(page)
+    placement = page.locator(".card [data-field=placement]")
+    expect(placement).to_contain_text(f"position 1 in {run.queue}")
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, current_step=20, worker_host="w1", attempts=1
+    )
     header = page.locator("h1 [data-field=status]")
     expect(header).to_have_text("running")
+    expect(placement).to_contain_text("worker w1 · attempt 1/3")
     cancel = page.get_by_role("button", name="Cancel run")
     expect(cancel).to_be_visible()
     expect(page.get_by_role("button", name="Delete run")).to_be_hidden()
@@ -237,6 +242,7 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     expect(header).to_have_text("succeeded")
     expect(header).to_have_class(re.compile(r"\bsucceeded\b"))
     expect(page.locator(".card [data-field=steps]")).to_have_text(f"{STEPS}/{STEPS}")
+    expect(placement).not_to_contain_text("position")
     expect(cancel).to_be_hidden()
     expect(page.get_by_role("button", name="Delete run")).to_be_visible()
     assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"

@@ -315,3 +315,17 @@ def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
     assert data[a.pk].series["experts/load/L0"][0].tolist() == [3]
     assert data[a.pk].series["experts/load/L0"][1] == [[0.5, 0.5]]
     assert data[b.pk].steps.size == 0 and data[b.pk].series["reward/mean"][0].size == 0
+
+
+def test_placement_text_says_where_the_run_stands(user, experiment):
+    run = _run(user, experiment, queue="cpu")
+    assert queries.placement_text(run) == "position 1 in cpu · attempt 0/3"
+    claim = jobs.claim_run(run.pk, worker_host="w1", gpu_index="0")
+    jobs.heartbeat(claim, current_step=1)
+    Run.objects.filter(pk=run.pk).update(
+        started_at=timezone.now() - timedelta(seconds=10), cancel_requested=True
+    )
+    run.refresh_from_db()
+    text = queries.placement_text(run)
+    assert text.startswith("queue cpu · worker w1 GPU 0 · attempt 1/3 · ETA ")
+    assert text.endswith(" s · cancelling…")

@@ -6,8 +6,9 @@
  *   The heatmap's uirevision is shared by all layers, so the x zoom stays.
  * - [data-run-status="<url>"]: while the run is queued or running, polls the
  *   run's status endpoint at the charts' interval and updates every
- *   [data-field] element of the page (status, progress, steps, collapse,
- *   log: the page header and the dashboard section alike) as text, never as
+ *   [data-field] element of the page (status, progress, steps, placement:
+ *   queue position, worker, attempt, ETA; collapse, log: the page header and
+ *   the dashboard section alike) as text, never as
  *   HTML; [data-show-when="active"|"finished"] elements (cancel / delete) are
  *   shown or hidden as the run is active or not.
  */
@@ -74,6 +75,7 @@
           el.className = "status " + s.status + " status-" + s.status;
         });
         setText("steps", s.current_step + "/" + s.total_steps);
+        if (s.placement) setText("placement", s.placement);
         Array.prototype.forEach.call(fields("progress"), function (el) {
           el.max = s.total_steps;
           el.value = s.current_step;
