@@ -32,6 +32,7 @@ from dashboard.style import (
     color_of,
     metric_title,
     rgba,
+    step_axis,
 )
 from dashboard.survival import (
     LOWER_BOUND_PREFIX,
@@ -215,6 +216,7 @@ def metric_lines(
         layout["shapes"] = shapes
     if annotations:
         layout["annotations"] = annotations
+    layout["xaxis"].update(step_axis([x for x, _ in arrays.values()]))
     return go.Figure(data=traces, layout=layout, _validate=False)
 
 
@@ -321,6 +323,9 @@ def seed_band(
                 meta={"variant": variant, "role": "mean"},
             )
         )
+    fig.update_xaxes(
+        **step_axis([np.asarray(s[0]) for seeds in seeds_by_variant.values() for s in seeds])
+    )
     return fig
 
 
@@ -352,6 +357,7 @@ def expert_heatmap(
         )
     )
     fig.add_trace(_heatmap_trace(steps, load_matrix, layer, shared_scale=shared_scale))
+    fig.update_xaxes(**step_axis([np.asarray(steps)]))
     return fig
 
 

@@ -10,8 +10,9 @@ colour across charts.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 
 from trainer import metric_keys as mk
@@ -134,6 +135,21 @@ def rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+# Step spans up to this long get one tick per step (steps are whole numbers).
+SHORT_STEP_SPAN = 10
+
+
+def step_axis(steps: Sequence[np.ndarray]) -> dict:
+    """x-axis settings for ``steps`` (the drawn step arrays): a whole-number tick per
+    step when the span is short, where Plotly would otherwise label 0.5, 1.5, ...
+    (a new poll recomputes this as a run grows)."""
+    finite = [s for s in steps if len(s)]
+    if not finite:
+        return {}
+    span = max(float(np.max(s)) for s in finite) - min(float(np.min(s)) for s in finite)
+    return {"dtick": 1, "tick0": 0} if span <= SHORT_STEP_SPAN else {}
 
 
 def base_layout(

@@ -288,3 +288,15 @@ def test_figures_serialise_to_json_without_plotly_default_template():
     assert "data" not in payload["layout"]["template"]  # not plotly's big default
     assert len(fig.to_json()) < 3_000
     assert empty_figure("no runs selected").layout.annotations[0].text == "no runs selected"
+
+
+def test_short_runs_get_one_tick_per_step():
+    """Steps are whole numbers: a 4-step run is not labelled 0.5, 1.5, ..."""
+    short = metric_lines({"r": ([0, 1, 2, 3], [0.1, 0.2, 0.3, 0.4])}, mk.REWARD_MEAN)
+    assert (short.layout.xaxis.dtick, short.layout.xaxis.tick0) == (1, 0)
+    long = metric_lines({"r": (list(range(200)), [0.0] * 200)}, mk.REWARD_MEAN)
+    assert long.layout.xaxis.dtick is None  # Plotly's own spacing
+    band = seed_band({"v": [([0, 1, 2], [1.0, 2.0, 3.0])]}, mk.REWARD_MEAN)
+    assert band.layout.xaxis.dtick == 1
+    heat = expert_heatmap([0, 1], np.full((2, 2), 0.5), layer=0)
+    assert heat.layout.xaxis.dtick == 1
