@@ -379,8 +379,10 @@ def seal_metrics(run_id: int) -> int:
                 MetricColumn(run_id=run_id, chunk=chunk, key=key, steps=c.steps, values=c.values)
                 for key, c in encoded.items()
             ]
-        # A chunk without rows (steps never logged) needs no columns: its steps are none.
-        MetricColumn.objects.filter(run_id=run_id, chunk__gte=sealed).delete()  # leftovers, if any
+        # A chunk with no rows (steps never logged) gets no columns: a reader finds
+        # no steps there, as in the rows. Nothing is stored at or past `sealed`
+        # (unsealing removes it); the delete only keeps a rebuild from colliding.
+        MetricColumn.objects.filter(run_id=run_id, chunk__gte=sealed).delete()
         MetricColumn.objects.bulk_create(columns, batch_size=200)
         Run.objects.filter(pk=run_id).update(metric_chunks_sealed=upto)
     return upto
