@@ -33,6 +33,16 @@ TINY_OVERRIDES = {
 }
 
 
+def submit_tiny_run(owner, experiment, **kw):
+    """A queued moe-grpo run of ``experiment`` with ``TINY_OVERRIDES`` (keyword
+    arguments go to ``runs.services.submit_run``)."""
+    from runs.services import submit_run
+
+    return submit_run(
+        owner=owner, experiment=experiment, preset="moe-grpo", overrides=TINY_OVERRIDES, **kw
+    )
+
+
 REDIS_URL = os.environ.get("LAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 PG_ADMIN_URL = os.environ.get("LAB_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from lab_processes import submit_tiny_run
 
 from jobs import services as jobs
 from jobs import tasks
@@ -18,14 +19,7 @@ from runs import services as runs
 from runs.columns import CHUNK_STEPS, decode_column, decode_steps, encode_columns
 from runs.models import MetricColumn, Run, RunStatus
 
-TINY = {"run.steps": 3, "warm_start.max_steps": 2, "rollout.prompts_per_step": 2}
 C = CHUNK_STEPS
-
-
-def _run(user, experiment, **kw) -> Run:
-    return runs.submit_run(
-        owner=user, experiment=experiment, preset="moe-grpo", overrides=TINY, **kw
-    )
 
 
 def _status(run: Run, status: str) -> None:
@@ -123,7 +117,7 @@ WINDOWS = [
 
 @pytest.mark.parametrize("window", WINDOWS, ids=[f"{a}..{b}" for a, b in WINDOWS])
 def test_sealed_runs_read_exactly_as_their_rows(user, experiment, window):
-    rows_run, training, finished = (_run(user, experiment) for _ in range(3))
+    rows_run, training, finished = (submit_tiny_run(user, experiment) for _ in range(3))
     for run in (rows_run, training, finished):
         runs.ingest_metrics(run.pk, _varied_records(N_STEPS))
     _status(rows_run, RunStatus.SUCCEEDED)
@@ -144,7 +138,7 @@ def test_sealed_runs_read_exactly_as_their_rows(user, experiment, window):
 def test_a_read_is_two_queries_whatever_the_runs(user, experiment, django_assert_num_queries):
     ids = []
     for i in range(6):
-        run = _run(user, experiment)
+        run = submit_tiny_run(user, experiment)
         runs.ingest_metrics(run.pk, [{"step": s, "a": s * i} for s in range(C + 30)])
         _status(run, RunStatus.SUCCEEDED if i % 3 else RunStatus.RUNNING)
         if i % 2:
@@ -158,7 +152,7 @@ def test_a_read_is_two_queries_whatever_the_runs(user, experiment, django_assert
 
 # --------------------------------------------------------------------------- lifecycle
 def test_chunks_are_sealed_once_settled(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     _status(run, RunStatus.RUNNING)
     runs.ingest_metrics(run.pk, _a(range(C)))
     assert runs.seal_metrics(run.pk) == 0  # chunk 0 may still grow
@@ -171,7 +165,7 @@ def test_chunks_are_sealed_once_settled(user, experiment):
 
 
 def test_a_rewind_unseals_from_its_chunk(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     _status(run, RunStatus.RUNNING)
     runs.ingest_metrics(run.pk, _a(range(3 * C + 5)))
     assert runs.seal_metrics(run.pk) == 3
@@ -186,7 +180,7 @@ def test_a_rewind_unseals_from_its_chunk(user, experiment):
 
 
 def test_late_writes_to_a_final_run_are_read_and_resealed(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     runs.ingest_metrics(run.pk, _a(range(2 * C + 10)))
     _status(run, RunStatus.SUCCEEDED)
     assert runs.seal_metrics(run.pk) == 3
@@ -200,7 +194,7 @@ def test_late_writes_to_a_final_run_are_read_and_resealed(user, experiment):
 
 
 def test_finishing_a_run_seals_it(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     runs.ingest_metrics(run.pk, _a(range(5)))
     assert _sealed(run) == 0
@@ -209,7 +203,7 @@ def test_finishing_a_run_seals_it(user, experiment):
 
 
 def test_the_worker_seals_chunks_as_training_moves_on(user, experiment, tmp_path):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     sup = Supervision(claim=claim, run_dir=tmp_path, tail=MetricsTail(tmp_path / "m.jsonl"))
     _ingest(sup, _a(range(C - 1)))
@@ -219,7 +213,7 @@ def test_the_worker_seals_chunks_as_training_moves_on(user, experiment, tmp_path
 
 
 def test_reconciler_seals_final_runs_left_without_columns(user, experiment):
-    finished, training, empty = (_run(user, experiment) for _ in range(3))
+    finished, training, empty = (submit_tiny_run(user, experiment) for _ in range(3))
     for run in (finished, training):
         runs.ingest_metrics(run.pk, _a(range(2)))
     _status(finished, RunStatus.SUCCEEDED)
@@ -234,7 +228,7 @@ def test_reconciler_seals_final_runs_left_without_columns(user, experiment):
 
 
 def test_a_run_failed_by_the_reconciler_is_sealed(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     Run.objects.filter(pk=run.pk).update(max_attempts=1)
     jobs.claim_run(run.pk, worker_host="w1")
     runs.ingest_metrics(run.pk, _a([0]))
@@ -244,7 +238,7 @@ def test_a_run_failed_by_the_reconciler_is_sealed(user, experiment):
 
 
 def test_cancelling_a_requeued_run_seals_its_earlier_metrics(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     runs.ingest_metrics(run.pk, _a([0]))  # an earlier attempt's steps
     runs.cancel_run(run, user=user)
     assert _sealed(run) == 1

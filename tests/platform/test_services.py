@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from lab_processes import submit_tiny_run
 
 from jobs import services as jobs
 from runs import queries
@@ -14,14 +15,6 @@ from runs import services as runs
 from runs.configs import resolve_config
 from runs.models import MetricStep, Run, RunStatus
 from trainer.config import ConfigError
-
-TINY = {"run.steps": 3, "warm_start.max_steps": 2, "rollout.prompts_per_step": 2}
-
-
-def _run(user, experiment, **kw):
-    return runs.submit_run(
-        owner=user, experiment=experiment, preset="moe-grpo", overrides=TINY, **kw
-    )
 
 
 def _finish(*run_list: Run, sealed: bool) -> int:
@@ -47,7 +40,7 @@ def test_resolve_config_names_field_paths():
 
 
 def test_submit_run_stores_resolved_config(user, experiment):
-    run = _run(user, experiment, queue="cpu", priority=3)
+    run = submit_tiny_run(user, experiment, queue="cpu", priority=3)
     assert run.status == RunStatus.QUEUED
     assert run.config["run"]["steps"] == 3
     assert run.total_steps == 3
@@ -76,14 +69,14 @@ def test_bad_input_stores_nothing(user, experiment, kwargs, path):
 
 
 def test_cancel_queued_run_never_starts(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     run = runs.cancel_run(run, user=user)
     assert run.status == RunStatus.CANCELLED and run.finished_at
     assert jobs.claim_run(run.pk, worker_host="w1") is None
 
 
 def test_cancel_running_run_sets_the_flag_the_worker_polls(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     assert not jobs.cancel_requested(claim)
     run = runs.cancel_run(run, user=user)
@@ -92,7 +85,7 @@ def test_cancel_running_run_sets_the_flag_the_worker_polls(user, experiment):
 
 
 def test_only_owner_or_staff_cancel_or_delete(user, other_user, staff_user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     with pytest.raises(runs.NotAllowed):
         runs.cancel_run(run, user=other_user)
     with pytest.raises(runs.NotAllowed):
@@ -103,14 +96,14 @@ def test_only_owner_or_staff_cancel_or_delete(user, other_user, staff_user, expe
 
 
 def test_running_run_cannot_be_deleted(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     jobs.claim_run(run.pk, worker_host="w1")
     with pytest.raises(runs.InvalidState):
         runs.delete_run(run, user=user)
 
 
 def test_claim_is_atomic_and_a_second_delivery_exits(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     first = jobs.claim_run(run.pk, worker_host="w1", gpu_index="0")
     second = jobs.claim_run(run.pk, worker_host="w2")
     assert first == jobs.Claim(run.pk, 1)
@@ -120,7 +113,7 @@ def test_claim_is_atomic_and_a_second_delivery_exits(user, experiment):
 
 
 def test_finish_and_heartbeat_are_fenced_by_attempt(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     assert jobs.heartbeat(claim, current_step=2)
     stale = jobs.Claim(run.pk, claim.attempt - 1)
@@ -139,7 +132,7 @@ def _age_heartbeat(run_id: int, seconds: float) -> None:
 def test_reconciler_requeues_stale_runs_then_fails_after_max_attempts(
     user, experiment, django_capture_on_commit_callbacks
 ):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     Run.objects.filter(pk=run.pk).update(max_attempts=2)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     assert jobs.reconcile_stale_runs(60) == []  # fresh heartbeat: left alone
@@ -203,7 +196,7 @@ def _lines(steps, layers=2):
 
 
 def test_metrics_ingestion_is_idempotent_per_step(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     assert runs.ingest_metrics(run.pk, _lines(range(5))) == 5
     assert runs.ingest_metrics(run.pk, _lines(range(3, 8))) == 5  # overlap re-read
     assert runs.ingest_metrics(run.pk, [{"no": "step"}, {"step": "x"}]) == 0
@@ -215,7 +208,7 @@ def test_metrics_ingestion_is_idempotent_per_step(user, experiment):
 def test_metric_series_reads_keys_and_range_in_one_read(
     user, experiment, django_assert_num_queries, sealed
 ):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     runs.ingest_metrics(run.pk, _lines(range(100)))
     with django_assert_num_queries(_finish(run, sealed=sealed)):
         data = queries.metric_series(
@@ -228,7 +221,7 @@ def test_metric_series_reads_keys_and_range_in_one_read(
 
 
 def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     runs.ingest_metrics(run.pk, _lines(range(1000), layers=0))
     data = queries.metric_series(run.pk, ["policy/loss"], max_points=64)
     assert len(data["steps"]) <= 64
@@ -240,7 +233,7 @@ def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experim
 def test_metric_series_keeps_every_keys_extremes_in_one_read(
     user, experiment, django_assert_num_queries, sealed
 ):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     lines = [{"step": s, "a": 0.0, "b": 1.0} for s in range(1000)]
     lines[337]["a"], lines[338]["b"] = 5.0, -7.0  # one-step spikes, one per key
     runs.ingest_metrics(run.pk, lines)
@@ -255,16 +248,16 @@ def test_metric_series_keeps_every_keys_extremes_in_one_read(
 
 
 def test_drop_metrics_after_removes_rewound_steps(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     runs.ingest_metrics(run.pk, _lines(range(10)))
     assert runs.drop_metrics_after(run.pk, 6) == 3
     assert MetricStep.objects.filter(run=run).count() == 7
 
 
 def test_queue_position_orders_by_priority_then_age(user, experiment):
-    a = _run(user, experiment)
-    b = _run(user, experiment)
-    c = _run(user, experiment, priority=5)
+    a = submit_tiny_run(user, experiment)
+    b = submit_tiny_run(user, experiment)
+    c = submit_tiny_run(user, experiment, priority=5)
     assert [queries.queue_position(r) for r in (c, a, b)] == [1, 2, 3]
     runs.cancel_run(a, user=user)
     b.refresh_from_db()
@@ -272,7 +265,7 @@ def test_queue_position_orders_by_priority_then_age(user, experiment):
 
 
 def test_clone_run_applies_changes(user, other_user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     clone = runs.clone_run(run, owner=other_user, overrides={"stabilizers.routing_replay": "r3"})
     assert clone.owner == other_user
     assert clone.config["stabilizers"]["routing_replay"] == "r3"
@@ -280,7 +273,7 @@ def test_clone_run_applies_changes(user, other_user, experiment):
 
 
 def test_comment_needs_a_body(user, experiment):
-    run = _run(user, experiment)
+    run = submit_tiny_run(user, experiment)
     with pytest.raises(ConfigError):
         runs.add_comment(author=user, body="   ", run=run)
     comment = runs.add_comment(author=user, body="<b>collapsed at 40</b>", run=run)
@@ -293,7 +286,7 @@ def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
 ):
     """A key a step did not log is no point at all; a stored null (NaN/inf in the
     trainer) is a NaN point, where a chart breaks the line."""
-    a, b = _run(user, experiment), _run(user, experiment)
+    a, b = submit_tiny_run(user, experiment), submit_tiny_run(user, experiment)
     runs.ingest_metrics(
         a.pk,
         [
@@ -318,7 +311,7 @@ def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
 
 
 def test_placement_text_says_where_the_run_stands(user, experiment):
-    run = _run(user, experiment, queue="cpu")
+    run = submit_tiny_run(user, experiment, queue="cpu")
     assert queries.placement_text(run) == "position 1 in cpu · attempt 0/3"
     claim = jobs.claim_run(run.pk, worker_host="w1", gpu_index="0")
     jobs.heartbeat(claim, current_step=1)
