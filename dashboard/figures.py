@@ -60,10 +60,10 @@ __all__ = [
 Outcome = RunOutcome | Event
 
 # Collapse strip: a variant's seeds sit within +-SEED_SPREAD of its tick (axis units).
+SEED_SPREAD = 0.18
 # Expert-load heatmaps compared side by side: colors span 0 to this many times the
 # balanced load (a 4x-overloaded expert and worse saturate).
 SHARED_LOAD_SCALE = 4.0
-SEED_SPREAD = 0.18
 
 
 @dataclass(frozen=True)
@@ -374,10 +374,6 @@ def _heatmap_trace(
         raise ValueError(f"load_matrix must be (experts, {x.size}), got {z.shape}")
     n_experts = z.shape[0]
     balanced = 1 / n_experts
-    colorbar: dict[str, Any] = {
-        "title": {"text": f"load (balanced = {balanced:.1%})"},
-        "tickformat": ".0%",
-    }
     zmax = min(1.0, SHARED_LOAD_SCALE * balanced) if shared_scale else None
     return go.Heatmap(
         x=x,
@@ -386,7 +382,7 @@ def _heatmap_trace(
         zmin=0.0,
         zmax=zmax,
         colorscale="Viridis",
-        colorbar=colorbar,
+        colorbar={"title": {"text": f"load (balanced = {balanced:.1%})"}, "tickformat": ".0%"},
         name=f"layer {layer}",
         hovertemplate="step %{x}<br>expert %{y}<br>load %{z:.1%}<extra></extra>",
         meta={"layer": layer, "role": "expert_load"},

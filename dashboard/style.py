@@ -145,10 +145,10 @@ def step_axis(steps: Sequence[np.ndarray]) -> dict:
     """x-axis settings for ``steps`` (the drawn step arrays): a whole-number tick per
     step when the span is short, where Plotly would otherwise label 0.5, 1.5, ...
     (a new poll recomputes this as a run grows)."""
-    finite = [s for s in steps if len(s)]
-    if not finite:
+    drawn = [s for s in steps if len(s)]
+    if not drawn:
         return {}
-    span = max(float(np.max(s)) for s in finite) - min(float(np.min(s)) for s in finite)
+    span = max(float(np.max(s)) for s in drawn) - min(float(np.min(s)) for s in drawn)
     return {"dtick": 1, "tick0": 0} if span <= SHORT_STEP_SPAN else {}
 
 

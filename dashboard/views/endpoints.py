@@ -231,16 +231,9 @@ def compare_charts(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _band(request: HttpRequest) -> str:
-    band = request.GET.get("band", "minmax")
-    if band not in ("minmax", "std"):
-        raise BadParameter("band", "band must be minmax or std")
-    return band
-
-
 def _variant_chart(request: HttpRequest, runs: Sequence[Run], filename: str) -> HttpResponse:
     key = params.metric_key(request)
-    band = _band(request)
+    band = params.band(request)
     window = _window(request)
     fetch = window.fetch_bounds()
     data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])

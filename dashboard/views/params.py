@@ -91,12 +91,22 @@ def metric_keys(request: HttpRequest) -> list[str]:
     return keys
 
 
+def choice(request: HttpRequest, name: str, choices: tuple[str, ...]) -> str:
+    """``?name=`` as one of ``choices``; the first is the default."""
+    value = request.GET.get(name, choices[0])
+    if value not in choices:
+        raise BadParameter(name, f"{name} must be {' or '.join(choices)}")
+    return value
+
+
 def heatmap_scale(request: HttpRequest) -> str:
     """``auto`` (each heatmap its own color range) or ``shared`` (a fixed range)."""
-    scale = request.GET.get("scale", "auto")
-    if scale not in ("auto", "shared"):
-        raise BadParameter("scale", "scale must be auto or shared")
-    return scale
+    return choice(request, "scale", ("auto", "shared"))
+
+
+def band(request: HttpRequest) -> str:
+    """``minmax`` or ``std``: the band drawn around a variant's mean over seeds."""
+    return choice(request, "band", ("minmax", "std"))
 
 
 def layer(request: HttpRequest, default: int = 0) -> int:

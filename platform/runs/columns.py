@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,16 +77,21 @@ def encode_columns(
         if is_vector_key(key):
             blob = json.dumps(values[key], separators=(",", ":")).encode()
         else:
-            blob = np.asarray([_scalar(v) for v in values[key]], dtype=VALUE_DTYPE).tobytes()
+            blob = scalar_array(values[key]).astype(VALUE_DTYPE).tobytes()
         columns[key] = EncodedColumn(steps_blob, blob)
     return np.asarray(all_steps, dtype=STEP_DTYPE).tobytes(), columns
 
 
-def _scalar(value: Any) -> float:
-    """A stored value under a scalar key as a float; NaN when it is not a number."""
-    if isinstance(value, int | float) and not (isinstance(value, float) and math.isinf(value)):
-        return float(value)
-    return math.nan
+def scalar_array(values: Sequence[Any]) -> np.ndarray:
+    """Stored values under a scalar key as float64 (n,): a null, or anything but a
+    number (a string, a list), is NaN. The one conversion for the column and
+    the row reads (runs/queries.py), so both give the same series."""
+    try:
+        return np.asarray(values, dtype=np.float64)  # None -> NaN
+    except (TypeError, ValueError):
+        return np.array(
+            [v if isinstance(v, int | float) else math.nan for v in values], dtype=np.float64
+        )
 
 
 def decode_steps(blob: bytes | memoryview) -> np.ndarray:

@@ -7,9 +7,10 @@ per-layer expert-load vectors of that step as one JSON object.
 - idempotent: unique (run, step) and a bulk upsert, so a re-read or resumed
   metrics.jsonl never duplicates a step;
 - batch-written: one INSERT ... ON CONFLICT per batch of steps;
-- read in one query for a whole run set: the selected keys are extracted in
-  SQL and aggregated per run (runs/queries.py ``metric_series_many``), so only
-  what a figure needs leaves the database, on SQLite and PostgreSQL alike.
+- read in one query for a whole run set (the steps no column holds yet, see
+  below): the selected keys are extracted in SQL and aggregated per run
+  (runs/queries.py ``metric_series_many``), so only what a figure needs
+  leaves the database, on SQLite and PostgreSQL alike.
 
 Steps a run has moved past do not change (a resumed trainer rewrites some,
 which is handled), so they are also kept as columns: ``MetricColumn``, one

@@ -17,7 +17,14 @@ from django.utils import timezone
 # One downsampler for the API and the dashboards: a pure numpy module (importing
 # the dashboard package loads no Django, dashboard/__init__.py).
 from dashboard.downsample import MIN_POINTS, downsample_indices
-from runs.columns import chunk_of, decode_column, decode_steps, first_step, window_bounds
+from runs.columns import (
+    chunk_of,
+    decode_column,
+    decode_steps,
+    first_step,
+    scalar_array,
+    window_bounds,
+)
 from runs.models import STEPS_COLUMN, MetricColumn, MetricStep, Run, RunStatus
 from trainer.metric_keys import is_vector_key
 
@@ -196,7 +203,7 @@ def metric_series_many(
     for rid in ids:
         parts = [part for part in (sealed.get(rid), tails.get(rid)) if part is not None]
         if parts:
-            out[rid] = parts[0] if len(parts) == 1 else _joined(parts[0], parts[1], keys)
+            out[rid] = _joined(parts, keys)
     return out
 
 
@@ -238,7 +245,7 @@ def _sealed_series(
                     },
                 )
             )
-        series[run_id] = _joined_all(parts, keys)
+        series[run_id] = _joined(parts, keys)
         after = first_step(max(chunks) + 1)
         rows_from[run_id] = after if start is None else max(start, after)
     return series, rows_from
@@ -268,12 +275,8 @@ def _fetch(rows: QuerySet) -> list[tuple]:
         return cursor.fetchall()
 
 
-def _joined(a: RunSeries, b: RunSeries, keys: list[str]) -> RunSeries:
-    """``a`` then ``b`` (b's steps all after a's)."""
-    return _joined_all([a, b], keys)
-
-
-def _joined_all(parts: list[RunSeries], keys: list[str]) -> RunSeries:
+def _joined(parts: list[RunSeries], keys: list[str]) -> RunSeries:
+    """The parts one after another (each part's steps all after the previous one's)."""
     if len(parts) == 1:
         return parts[0]
     series: dict[str, tuple[np.ndarray, np.ndarray | list]] = {}
@@ -316,12 +319,7 @@ def _present(key: str, steps: np.ndarray, values: list) -> tuple[np.ndarray, np.
     if is_vector_key(key):
         keep = [i for i, v in enumerate(values) if not (type(v) is float and v == math.inf)]
         return steps[keep], [values[i] for i in keep]
-    try:
-        array = np.asarray(values, dtype=np.float64)  # null -> NaN
-    except (TypeError, ValueError):  # a string or list stored under a scalar key
-        array = np.array(
-            [v if isinstance(v, int | float) else math.nan for v in values], dtype=np.float64
-        )
+    array = scalar_array(values)
     present = array != math.inf
     if present.all():
         return steps, array
