@@ -1,6 +1,9 @@
 # The README's commands. `make up` sets everything up on a fresh machine and
 # runs the product; `make test` runs every test except those marked gpu.
 PY ?= python3
+# pytest-xdist workers for `make test` (tests are independent: each end-to-end
+# stack has its own database, run folders and queue name).
+TEST_WORKERS ?= auto
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -20,8 +23,8 @@ up: $(STAMP)
 
 test: $(STAMP)
 	scripts/ensure-test-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	scripts/test-platform-postgres
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	scripts/test-platform-postgres -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Django entry point. platform/ is a source folder, never a package: a package
-named `platform` would shadow the standard library module that uuid, Celery and
-kombu import, so its apps are put on sys.path and imported by their own names."""
+"""Django entry point. The Django project is the package ``lab`` in the source
+folder platform/ (never a package itself: a package named ``platform`` would
+shadow the standard library module that uuid, Celery and kombu import).
+``pip install -e .`` makes ``lab`` importable; the two path entries below let a
+checkout that is not installed (a git worktree, a container) run it too."""
 
 import os
 import sys
@@ -13,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "labsite.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.site.settings")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

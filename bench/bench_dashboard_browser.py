@@ -1,8 +1,8 @@
 """The compare page of 20 runs x 2,000 steps x 10 metrics, served and drawn for real.
 
 Issue "Dashboards", section 5. A throwaway SQLite database is migrated and
-filled through the platform's own writes (runs.services.submit_run, then
-runs.services.ingest_metrics in the worker's batches, then the worker's
+filled through the platform's own writes (runs.lifecycle.submit_run, then
+runs.metrics.ingest.ingest_metrics in the worker's batches, then the worker's
 claim_run and finish_run, which keeps each finished run's metrics as
 columns); then:
 
@@ -56,7 +56,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
 from trainer import metric_keys as mk  # noqa: E402
 
-# The ten metrics: charts of the compare page (dashboard/panels.py RUN_SECTIONS).
+# The ten metrics: charts of the compare page (dashboard/panels.py run_sections()).
 METRICS = (
     mk.REWARD_MEAN,
     mk.REWARD_ACCURACY,
@@ -104,7 +104,7 @@ def setup_django(var_dir: Path, database_url: str = "") -> dict[str, str]:
     env = {
         "DATABASE_URL": database_url or f"sqlite:///{var_dir / 'db.sqlite3'}",
         "LAB_VAR_DIR": str(var_dir),
-        "DJANGO_SETTINGS_MODULE": "labsite.settings",
+        "DJANGO_SETTINGS_MODULE": "lab.site.settings",
     }
     os.environ.update(env, DJANGO_DEBUG="0")  # in this process: timings without debug overhead
     import django
@@ -122,17 +122,18 @@ def synthesize(n_runs: int, n_steps: int, metrics: tuple[str, ...], seed: int = 
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
-    from experiments.services import create_experiment
-    from jobs import services as jobs
-    from runs import services
-    from runs.models import RunStatus
+    from lab.experiments.services import create_experiment
+    from lab.jobs import services as jobs
+    from lab.runs import lifecycle
+    from lab.runs.metrics.ingest import ingest_metrics
+    from lab.runs.models import RunStatus
 
     user = get_user_model().objects.create_user(USER, password=PASSWORD)
     experiment = create_experiment(owner=user, name="compare benchmark", preset="moe-grpo")
     rng = np.random.default_rng(seed)
     ids = []
     for r in range(n_runs):
-        run = services.submit_run(
+        run = lifecycle.submit_run(
             owner=user, experiment=experiment, preset="moe-grpo", variant=f"v{r % 4}",
             overrides={"run.seed": r, "run.steps": n_steps},
         )  # fmt: skip
@@ -144,9 +145,9 @@ def synthesize(n_runs: int, n_steps: int, metrics: tuple[str, ...], seed: int = 
             columns[key] = walk.tolist()
         records = [{"step": s, **{k: v[s] for k, v in columns.items()}} for s in range(n_steps)]
         for start in range(0, n_steps, settings.LAB_METRICS_BATCH):
-            services.ingest_metrics(run.pk, records[start : start + settings.LAB_METRICS_BATCH])
+            ingest_metrics(run.pk, records[start : start + settings.LAB_METRICS_BATCH])
         # Finished as a worker finishes it: the final transition seals the metrics
-        # into columns (runs.services.seal_metrics).
+        # into columns (runs.metrics.seal.seal_metrics).
         claim = jobs.claim_run(run.pk, worker_host="bench")
         jobs.finish_run(
             claim,
@@ -228,8 +229,8 @@ def server_side_other_storage(
     rows) and ``rows`` (no columns at all). The finished state is restored."""
     from django.db import transaction
 
-    from runs.models import MetricColumn, Run, RunStatus
-    from runs.services import seal_metrics
+    from lab.runs.metrics.seal import seal_metrics
+    from lab.runs.models import MetricColumn, Run, RunStatus
 
     def reset(status: str) -> None:
         with transaction.atomic():
@@ -260,7 +261,7 @@ def _free_port() -> int:
 
 
 def start_web_server(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    from jobs import launch
+    from lab.jobs import launch
 
     port = _free_port()
     proc = subprocess.Popen(

@@ -1,14 +1,16 @@
 """Server time and payload size of a compare page's chart data, with and without downsampling.
 
-The compare page of the issue "Dashboards" (section 5): 20 runs x 2,000 steps
+The compare page: 20 runs x 2,000 steps
 x 10 metrics, one chart per metric with all runs overlaid. For each chart the
-server downsamples every run's series (dashboard/downsample.py), builds the
-figure (dashboard/figures.py metric_lines) and encodes the live-update JSON
+server downsamples every run's series (lab/runs/metrics/downsample.py), builds the
+figure (dashboard/figures/lines.py metric_lines) and encodes the live-update JSON
 (dashboard/export.py figure_payload). Targets: under 300 ms for all ten
 charts, under 2 MB of JSON in all.
 
 Also reported: the same series as plain JSON lists (what a REST client of
-/api/runs/{id}/metrics would get), and the other method, LTTB.
+/api/runs/{id}/metrics would get), the other method, LTTB, and the kernels
+alone on every series: the numpy minmax one, the vectorised ``downsample_many``,
+and tsdownsample's MinMax and MinMaxLTTB (the latter is the LTTB kernel).
 
     .venv/bin/python -m bench.bench_downsample [--runs 20 --steps 2000 --metrics 10
         --max-points 500 --repeat 5 --out bench/results/downsample.json]
@@ -23,11 +25,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tsdownsample import MinMaxDownsampler
 
-from dashboard.downsample import downsample
 from dashboard.export import figure_payload
 from dashboard.figures import metric_lines
 from dashboard.style import assign_colors
+from lab.runs.metrics.downsample import _lttb_indices, _minmax_indices, downsample, downsample_many
 from trainer import metric_keys as mk
 
 METRICS = (
@@ -101,6 +104,21 @@ def timed(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
+def kernel_timings(data: dict, max_points: int, repeat: int) -> dict[str, float]:
+    """Median ms to pick ``max_points`` indices of every (finite) series, per kernel."""
+    series = [(x.astype(np.int64), y) for per_run in data.values() for x, y in per_run.values()]
+    ts_minmax = MinMaxDownsampler()
+    kernels = {
+        "numpy_minmax": lambda: [_minmax_indices(y, max_points) for _, y in series],
+        "numpy_minmax_many": lambda: downsample_many(series, max_points),
+        "tsdownsample_minmax": lambda: [
+            ts_minmax.downsample(y, n_out=max_points) for _, y in series
+        ],
+        "tsdownsample_minmaxlttb": lambda: [_lttb_indices(x, y, max_points) for x, y in series],
+    }
+    return {name: round(timed(fn, repeat)[0] * 1e3, 2) for name, fn in kernels.items()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -141,6 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.repeat,
     )
     results["downsample_only_ms"] = round(only_downsample * 1e3, 1)
+    results["kernel_ms"] = kernel_timings(data, args.max_points, args.repeat)
     main_case = results["figures_minmax"]
     results["targets_met"] = {
         "server_under_300ms": main_case["server_ms"] < 300,  # type: ignore[index]
@@ -158,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"downsampling alone (minmax, {args.runs * args.metrics} series): {only_downsample * 1e3:.1f} ms"
     )
+    print(f"kernels alone ({args.runs * args.metrics} series), ms: {results['kernel_ms']}")
     print(f"targets met: {results['targets_met']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -6,8 +6,8 @@ B (rejected): one row per (run, key, chunk of 256 steps) holding {step: value};
   upsert merges maps (``values || excluded.values``), which is idempotent too.
 
 Ingestion goes through the worker's own path for A: metrics.jsonl is read by
-jobs.tailer.MetricsTail and written by runs.services.ingest_metrics in batches
-of LAB_METRICS_BATCH. Target (issue 4, section 8): >= 50,000 scalar points/s
+jobs.tailer.MetricsTail and written by runs.metrics.ingest.ingest_metrics in batches
+of LAB_METRICS_BATCH. Target: >= 50,000 scalar points/s
 into PostgreSQL.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/lab_bench \\
@@ -83,7 +83,7 @@ def main() -> None:
 
 
 def _run(steps: int) -> dict:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "labsite.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.site.settings")
     import django
 
     django.setup()
@@ -92,14 +92,16 @@ def _run(steps: int) -> dict:
     from django.core.management import call_command
     from django.db import connection
 
-    from experiments.services import create_experiment
-    from jobs.tailer import MetricsTail
-    from runs import queries, services
+    from lab.experiments.services import create_experiment
+    from lab.jobs.tailer import MetricsTail
+    from lab.runs import lifecycle
+    from lab.runs.metrics.ingest import ingest_metrics
+    from lab.runs.metrics.read import metric_series
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     exp = create_experiment(owner=user, name="bench")
-    run = services.submit_run(owner=user, experiment=exp, preset="moe-grpo")
+    run = lifecycle.submit_run(owner=user, experiment=exp, preset="moe-grpo")
     lines = _lines(steps)
     scalars = steps * N_SCALARS
 
@@ -111,17 +113,17 @@ def _run(steps: int) -> dict:
         records = MetricsTail(path).read_all()
         batch = settings.LAB_METRICS_BATCH
         for i in range(0, len(records), batch):
-            services.ingest_metrics(run.pk, records[i : i + batch])
+            ingest_metrics(run.pk, records[i : i + batch])
         a_ingest = time.perf_counter() - t0
     # Re-ingesting everything (a resumed run) must not add rows.
     t0 = time.perf_counter()
     for i in range(0, len(lines), 500):
-        services.ingest_metrics(run.pk, lines[i : i + 500])
+        ingest_metrics(run.pk, lines[i : i + 500])
     a_reingest = time.perf_counter() - t0
     keys = ["bench/key_00", "bench/key_30", "experts/load/L0"]
     t0 = time.perf_counter()
     for _ in range(5):
-        data = queries.metric_series(run.pk, keys, max_points=100_000)
+        data = metric_series(run.pk, keys, max_points=100_000)
     a_read = (time.perf_counter() - t0) / 5
     assert len(data["steps"]) == steps
 
@@ -157,10 +159,10 @@ def _run(steps: int) -> dict:
 
     # Live ingestion: a worker polling every LAB_POLL_S sees a few steps per read.
     live_steps, live_batch = min(steps, 1000), 2
-    run2 = services.submit_run(owner=user, experiment=exp, preset="moe-grpo")
+    run2 = lifecycle.submit_run(owner=user, experiment=exp, preset="moe-grpo")
     t0 = time.perf_counter()
     for i in range(0, live_steps, live_batch):
-        services.ingest_metrics(run2.pk, lines[i : i + live_batch])
+        ingest_metrics(run2.pk, lines[i : i + live_batch])
     a_live = time.perf_counter() - t0
     with connection.cursor() as cur:
         t0 = time.perf_counter()

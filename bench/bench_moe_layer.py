@@ -1,5 +1,5 @@
 """MoE layer speed against a dense FFN with the same ACTIVE parameters and
-against transformers' MixtralSparseMoeBlock (issue 2, section 8).
+against transformers' MixtralSparseMoeBlock.
 
 Two shapes:
 * training: hidden 256, expert width 512, 16 experts, top-2, 4096 tokens,

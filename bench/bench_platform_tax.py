@@ -42,7 +42,7 @@ def main() -> None:
             "CELERY_BROKER_URL": args.broker,
             "LAB_QUEUES": queue,
             "LAB_DEFAULT_QUEUE": queue,
-            "DJANGO_SETTINGS_MODULE": "labsite.settings",
+            "DJANGO_SETTINGS_MODULE": "lab.site.settings",
         }
     )
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp / 'db.sqlite3'}")
@@ -53,9 +53,9 @@ def main() -> None:
     from django.core.management import call_command
     from rest_framework.test import APIClient
 
-    from jobs import launch
-    from runs.configs import resolve_config
-    from runs.models import Run
+    from lab.jobs import launch
+    from lab.runs.configs import resolve_config
+    from lab.runs.models import Run
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("tax")

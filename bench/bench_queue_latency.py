@@ -2,7 +2,7 @@
 worker's claim, immediately before it spawns the trainer. Target < 1 s.
 
 A real Celery worker (solo pool, prefetch 1) runs as a subprocess on a unique
-queue; runs are submitted one at a time through runs.services.submit_run and
+queue; runs are submitted one at a time through runs.lifecycle.submit_run and
 cancelled as soon as they start, so every sample meets an idle worker.
 
     .venv/bin/python -m bench.bench_queue_latency [--runs 10 --broker redis://127.0.0.1:6379/7
@@ -42,7 +42,7 @@ def main() -> None:
             "LAB_DEFAULT_QUEUE": queue,
             "LAB_HEARTBEAT_S": "0.5",
             "LAB_POLL_S": "0.1",
-            "DJANGO_SETTINGS_MODULE": "labsite.settings",
+            "DJANGO_SETTINGS_MODULE": "lab.site.settings",
         }
     )
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp / 'db.sqlite3'}")
@@ -52,10 +52,10 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from experiments.services import create_experiment
-    from jobs import launch
-    from runs.models import Run
-    from runs.services import cancel_run, submit_run
+    from lab.experiments.services import create_experiment
+    from lab.jobs import launch
+    from lab.runs.lifecycle import cancel_run, submit_run
+    from lab.runs.models import Run
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench", is_staff=True)

@@ -33,7 +33,7 @@ import time
 import torch
 
 from bench.common import print_table, write_results
-from trainer.config import apply_overrides, validate_config
+from trainer.config import apply_overrides
 from trainer.data import collate_prompts, repeat_for_groups
 from trainer.model import TransformerLM
 from trainer.presets import preset_dict
@@ -42,6 +42,7 @@ from trainer.runner import _rl_step
 from trainer.stabilizers.replay import pack_routing, storage_report, unpack_routing
 from trainer.tasks import make_task
 from trainer.update import PolicyUpdater
+from trainer.validation import validate_config
 
 TARGET_OVERHEAD = 0.03
 
@@ -176,9 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     weights = TransformerLM(base.model, vocab_size).state_dict()
     variants = {
         mode: Variant(
-            validate_config(
-                apply_overrides(base.to_dict(), [f"stabilizers.routing_replay={mode}"])
-            ),
+            validate_config(apply_overrides(base.to_dict(), [f"stabilizers.replay.mode={mode}"])),
             task,
             vocab_size,
             weights,

@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 
 from trainer import metric_keys as K
-from trainer.config import apply_overrides, validate_config
+from trainer.config import apply_overrides
 from trainer.presets import preset_dict
 from trainer.run_files import read_metrics
 from trainer.runner import train
+from trainer.validation import validate_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,5 +1,5 @@
 """Rollout throughput: our engine with a static KV cache vs full recompute, and
-vs transformers' ``generate()`` on the same tiny MoE (issue 2, section 8).
+vs transformers' ``generate()`` on the same tiny MoE.
 
 Tiny preset: 2 layers, d_model 128, 4 heads, 8 experts top-2, expert width
 256, batch 64, prompt 16, 16 new tokens, random weights. transformers runs a

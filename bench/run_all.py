@@ -22,6 +22,10 @@ BENCHMARKS = (
     "bench_metric_storage",  # metric storage designs
     "bench_queue_latency",  # submit -> trainer start on Redis
     "bench_platform_tax",  # API + queue + worker vs bare CLI
+    "bench_active_params",  # RL step at fixed active parameters, 8-64 experts
+    "bench_expert_parallel",  # expert-parallel layer on 1, 2, 4 gloo ranks
+    "bench_data_parallel",  # whole RL step on 1 and 2 data-parallel ranks
+    "bench_hf_import",  # loading Hugging Face MoE checkpoints
 )
 
 

@@ -9,13 +9,14 @@ seeds present there, and ``count`` says how many that is.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from dashboard.downsample import as_float_array
+from lab.runs.metrics.downsample import as_float_array
 
 Series = tuple[Sequence[int] | np.ndarray, Sequence[float | None] | np.ndarray]
 Band = Literal["minmax", "std"]
@@ -70,9 +71,9 @@ def aggregate_seeds(seeds: Sequence[Series], band: Band = "minmax") -> SeedAggre
         lower[present] = np.nanmin(cols, axis=0)
         upper[present] = np.nanmax(cols, axis=0)
     else:
-        n = count[present]
-        sq = np.nansum((cols - mean[present]) ** 2, axis=0)
-        std = np.where(n > 1, np.sqrt(sq / np.maximum(n - 1, 1)), 0.0)
+        with warnings.catch_warnings():  # one seed: ddof=1 has no degrees of freedom
+            warnings.simplefilter("ignore", RuntimeWarning)
+            std = np.where(count[present] > 1, np.nanstd(cols, axis=0, ddof=1), 0.0)
         lower[present] = mean[present] - std
         upper[present] = mean[present] + std
     return SeedAggregate(grid, mean, lower, upper, count)

@@ -1,6 +1,6 @@
 """From stored series to a chart: window, downsample, build the figure (no ORM here).
 
-Views read series with two queries per run set (runs/queries.py
+Views read series with two queries per run set (runs/metrics/read.py
 ``metric_series_many``), hand the raw series to these functions and return
 ``export.figure_payload`` or ``export.export_body`` of the result.
 
@@ -19,14 +19,6 @@ import numpy as np
 import plotly.graph_objects as go
 
 from dashboard.aggregate import Band, Series
-from dashboard.downsample import (
-    MIN_POINTS,
-    as_float_array,
-    bin_columns,
-    select_window,
-    window_downsample_many,
-)
-from dashboard.downsample import window_downsample as _window_downsample
 from dashboard.figures import (
     CollapseMarker,
     empty_figure,
@@ -35,6 +27,14 @@ from dashboard.figures import (
     seed_band,
 )
 from dashboard.style import metric_title
+from lab.runs.metrics.downsample import (
+    MIN_POINTS,
+    as_float_array,
+    bin_columns,
+    select_window,
+    window_downsample_many,
+)
+from lab.runs.metrics.downsample import window_downsample as _window_downsample
 
 DEFAULT_MAX_POINTS = 500
 MAX_MAX_POINTS = 20000
@@ -98,10 +98,12 @@ def run_lines(
     baseline: str | None = None,
     collapse_markers: Mapping[str, CollapseMarker] | None = None,
     colors: Mapping[str, str] | None = None,
+    empty_message: str = "no data yet",
 ) -> go.Figure:
-    """One metric of several runs (one label each), the baseline drawn distinctly."""
+    """One metric of several runs (one label each), the baseline drawn distinctly.
+    ``empty_message`` says why nothing is drawn (dashboard/emptiness.py)."""
     if not any(has_points(s) for s in series_by_label.values()):
-        return empty_figure(f"{metric_title(key)}: no data yet")
+        return empty_figure(f"{metric_title(key)}: {empty_message}")
     thinned = dict(
         zip(series_by_label, thin_many(list(series_by_label.values()), window), strict=True)
     )

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
-from experiments.models import Experiment
-from runs.models import Run
+from lab.experiments.models import Experiment
+from lab.runs.models import Run
 
 
 class VerdictLabel(models.TextChoices):

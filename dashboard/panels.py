@@ -1,7 +1,9 @@
 """Which metrics each page draws, in which sections (pure data, no Django).
 
-A run page shows every key of its sections that the run's model has: the
-MoE-only keys are left out for a dense model (model.n_experts == 0).
+Everything here is read from the one metric registry, ``trainer.metric_keys``
+``METRIC_SPECS``, at call time: a spec's ``section`` puts it on the run page,
+``experiment_page`` on the experiment page, ``moe_only`` leaves it out for a
+dense model (model.n_experts == 0).
 """
 
 from __future__ import annotations
@@ -20,47 +22,34 @@ class Section:
     keys: tuple[str, ...]
 
 
-RUN_SECTIONS: tuple[Section, ...] = (
-    Section("Reward and accuracy", (mk.REWARD_MEAN, mk.REWARD_ACCURACY, mk.EVAL_ACCURACY)),
-    Section(
-        "Training-inference mismatch",
-        (
-            mk.MISMATCH_KL_K1,
-            mk.MISMATCH_KL_K3,
-            mk.MISMATCH_EXTREME_TOKEN_FRAC,
-            mk.MISMATCH_ROUTING_INCONSISTENCY,
-        ),
-    ),
-    Section("Expert balance", (mk.EXPERTS_MAX_VIOLATION, mk.EXPERTS_ROUTER_ENTROPY)),
-    Section("Router temperature", (mk.ROUTER_TEMPERATURE,)),
-    Section("Gradients", (mk.POLICY_GRAD_NORM, mk.GRADS_COS_POLICY_AUX, mk.GRADS_SURGERY_FRAC)),
-    Section("Clipping and importance sampling", (mk.POLICY_CLIP_FRAC, mk.TIS_CLIP_FRAC)),
-)
+def run_sections() -> list[Section]:
+    """Every run page section with its keys, in page order: the registry's named
+    sections first, then any section only a newer spec names."""
+    titles = list(mk.RUN_PAGE_SECTIONS)
+    for spec in mk.METRIC_SPECS.values():
+        if spec.section is not None and spec.section not in titles:
+            titles.append(spec.section)
+    keys_by_title: dict[str, list[str]] = {title: [] for title in titles}
+    for spec in mk.METRIC_SPECS.values():
+        if spec.section is not None:
+            keys_by_title[spec.section].append(spec.key)
+    return [Section(title, tuple(keys)) for title, keys in keys_by_title.items() if keys]
 
-# Keys a dense model never logs.
-MOE_ONLY_KEYS: frozenset[str] = frozenset(
-    {
-        mk.MISMATCH_ROUTING_INCONSISTENCY,
-        mk.EXPERTS_MAX_VIOLATION,
-        mk.EXPERTS_ROUTER_ENTROPY,
-        mk.ROUTER_TEMPERATURE,
-        mk.GRADS_COS_POLICY_AUX,
-        mk.GRADS_SURGERY_FRAC,
-    }
-)
 
-ALL_RUN_KEYS: tuple[str, ...] = tuple(k for s in RUN_SECTIONS for k in s.keys)
+def moe_only_keys() -> frozenset[str]:
+    """Keys a dense model never logs."""
+    return frozenset(spec.key for spec in mk.METRIC_SPECS.values() if spec.moe_only)
 
-# The experiment page: variants over seeds, the metrics a stability study reads first.
-EXPERIMENT_KEYS: tuple[str, ...] = (
-    mk.REWARD_ACCURACY,
-    mk.EVAL_ACCURACY,
-    mk.MISMATCH_KL_K3,
-    mk.MISMATCH_EXTREME_TOKEN_FRAC,
-    mk.MISMATCH_ROUTING_INCONSISTENCY,
-    mk.EXPERTS_MAX_VIOLATION,
-    mk.POLICY_GRAD_NORM,
-)
+
+def experiment_keys(moe: bool) -> list[str]:
+    """The experiment page's charts (variants over seeds): the metrics a stability
+    study reads first; the MoE-only ones when any of its runs is an MoE model."""
+    return [
+        spec.key
+        for spec in mk.METRIC_SPECS.values()
+        if spec.experiment_page and (moe or not spec.moe_only)
+    ]
+
 
 # Keys a chart endpoint accepts: the metric-key alphabet of the platform's API.
 METRIC_KEY_RE = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
@@ -71,10 +60,12 @@ def is_moe(config: Mapping[str, Any] | None) -> bool:
 
 
 def moe_layers(config: Mapping[str, Any] | None) -> list[int]:
-    """Layers that log an expert-load vector: every block of an MoE model."""
+    """Layers that log an expert-load vector: every block of an MoE model but its
+    dense ones (``model.dense_layers``, e.g. Qwen's mlp_only_layers)."""
     if not is_moe(config):
         return []
-    return list(range(int(config["model"].get("n_layers") or 0)))
+    dense = set(config["model"].get("dense_layers") or [])
+    return [i for i in range(int(config["model"].get("n_layers") or 0)) if i not in dense]
 
 
 def sections_for(
@@ -83,13 +74,14 @@ def sections_for(
     """The run page's sections for this model; with ``logged_keys`` (the keys of the
     run's latest step) only keys the run actually logs. Empty sections are dropped."""
     moe = is_moe(config)
+    moe_only = moe_only_keys()
     logged = set(logged_keys) if logged_keys else None
     out = []
-    for section in RUN_SECTIONS:
+    for section in run_sections():
         keys = tuple(
             k
             for k in section.keys
-            if (moe or k not in MOE_ONLY_KEYS) and (logged is None or k in logged)
+            if (moe or k not in moe_only) and (logged is None or k in logged)
         )
         if keys:
             out.append(Section(section.title, keys))
@@ -99,7 +91,8 @@ def sections_for(
 def keys_for_runs(configs: Sequence[Mapping[str, Any] | None]) -> list[str]:
     """Keys for a set of runs: MoE-only keys when any of them is an MoE model."""
     moe = any(is_moe(c) for c in configs)
-    return [k for k in ALL_RUN_KEYS if moe or k not in MOE_ONLY_KEYS]
+    moe_only = moe_only_keys()
+    return [k for s in run_sections() for k in s.keys if moe or k not in moe_only]
 
 
 def chart_id(prefix: str, key: str) -> str:

@@ -1,7 +1,7 @@
 """Reads of the dashboard pages. Each function is a fixed number of queries,
 whatever the number of runs: the pages' query counts are tested for that.
 
-Metric series come from the platform's ``runs.queries.metric_series_many``
+Metric series come from the platform's ``runs.metrics.read.metric_series_many``
 (two queries for a whole run set: the columns of every run's sealed chunks
 of steps, then the rows after them).
 """
@@ -20,13 +20,13 @@ from dashboard.figures import CollapseMarker
 from dashboard.models import BaselinePin, Verdict
 from dashboard.stability import RunStats
 from dashboard.survival import RunOutcome
-from experiments.models import Experiment
-from runs.models import Run
-from runs.queries import RunSeries, last_metric_steps, metric_series_many
+from lab.experiments.models import Experiment
+from lab.runs.metrics.read import RunSeries, last_metric_steps, metric_series_many
+from lab.runs.models import Run
 from trainer import metric_keys as mk
+from trainer.run_files import LOG_FILE
 
 LOG_TAIL_BYTES = 16 * 1024
-LOG_FILE_NAME = "trainer.log"  # the worker's stdout/stderr log in RUN_DIR (jobs/supervisor.py)
 
 SORTS: dict[str, str] = {
     "newest": "-created_at",
@@ -127,7 +127,7 @@ def collapse_marker(run: Run) -> CollapseMarker | None:
 
 
 def run_outcome(run: Run, last_step: int | None) -> RunOutcome | None:
-    """Collapse step, or censoring at the last stored step (DESIGN.md 3.5). None for a
+    """Collapse step, or censoring at the last stored step (docs/design.md, section 3.5). None for a
     run with nothing to say yet (no summary and no stored step)."""
     summary = dict(run.summary or {})
     if summary.get("collapsed") and summary.get("collapse_step") is not None:
@@ -189,7 +189,7 @@ def log_tail(run: Run, max_bytes: int = LOG_TAIL_BYTES) -> str | None:
     """
     if not run.run_dir:
         return None
-    path = Path(run.run_dir) / LOG_FILE_NAME
+    path = Path(run.run_dir) / LOG_FILE
     try:
         root = Path(settings.RUNS_DIR).resolve()
         resolved = path.resolve()

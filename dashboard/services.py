@@ -1,8 +1,10 @@
 """Every write of the team review (pages call these; one transaction each).
 
-Who may do what: anyone logged in views, comments, gives verdicts, saves
-comparisons and pins a baseline; only a saved comparison's owner or staff
-deletes it, and only a verdict's author or staff withdraws it.
+Who may do what (lab.experiments.rights, the table in docs/platform.md):
+anyone logged in views, comments and saves comparisons; an experiment's owner,
+the groups it is shared with and staff give verdicts on its runs and pin or
+unpin its baseline; only a saved comparison's owner or staff deletes it, and
+only a verdict's author or staff withdraws it.
 """
 
 from __future__ import annotations
@@ -18,31 +20,31 @@ from dashboard.models import (
     Verdict,
     VerdictLabel,
 )
-from experiments.models import Experiment
-from runs import services as run_services
-from runs.models import Comment, Run
-from trainer.config import ConfigError
+from lab.experiments.models import Experiment
+from lab.experiments.rights import NotAllowed, check_can_give_verdict, check_can_pin
+from lab.experiments.text import clean_text
+from lab.runs import comments
+from lab.runs.models import Comment, Run
+from trainer.errors import FieldError
 
 MAX_COMMENT_CHARS = 10000
 MAX_COMPARED_RUNS = 100
 
 
-class NotAllowed(Exception):
-    """The user may view this but not change it."""
-
-
 def _clean_body(body: str) -> str:
-    body = (body or "").strip()
-    if not body:
-        raise ConfigError([("body", "a comment cannot be empty")])
-    if len(body) > MAX_COMMENT_CHARS:
-        raise ConfigError([("body", f"a comment holds at most {MAX_COMMENT_CHARS} characters")])
-    return body
+    if not isinstance(body, str) or not body.strip():
+        raise FieldError([("body", "a comment cannot be empty")])
+    return clean_text("body", body, max_length=MAX_COMMENT_CHARS, multiline=True, label="a comment")
 
 
 def comment_on_run(*, author, run: Run, body: str) -> Comment:
     """A comment on a run (stored as the platform's runs.Comment)."""
-    return run_services.add_comment(author=author, body=body, run=run)
+    return comments.add_comment(author=author, body=body, run=run)
+
+
+def comment_on_experiment(*, author, experiment: Experiment, body: str) -> Comment:
+    """A comment on an experiment (stored as the platform's runs.Comment)."""
+    return comments.add_comment(author=author, body=body, experiment=experiment)
 
 
 def comment_on_comparison(*, author, comparison: SavedComparison, body: str) -> ComparisonComment:
@@ -52,13 +54,13 @@ def comment_on_comparison(*, author, comparison: SavedComparison, body: str) -> 
 
 
 def set_verdict(*, author, run: Run, label: str, note: str = "") -> Verdict:
-    """Record a verdict; the latest one is the run's verdict."""
+    """Record a verdict; the latest one is the run's verdict. Only the experiment's
+    members and staff judge its runs (NotAllowed)."""
+    check_can_give_verdict(author, run.experiment)
     if label not in VerdictLabel.values:
         choices = ", ".join(VerdictLabel.values)
-        raise ConfigError([("label", f"unknown verdict '{label}'; choose one of: {choices}")])
-    note = (note or "").strip()
-    if len(note) > 500:
-        raise ConfigError([("note", "a verdict note holds at most 500 characters")])
+        raise FieldError([("label", f"unknown verdict '{label}'; choose one of: {choices}")])
+    note = clean_text("note", note, max_length=500, multiline=True, label="a verdict note")
     return Verdict.objects.create(run=run, label=label, author=author, note=note)
 
 
@@ -73,12 +75,15 @@ def save_comparison(
     *, owner, name: str, run_ids: Sequence[int], baseline_id: int | None = None
 ) -> SavedComparison:
     """Store a named comparison of existing runs; the baseline must be one of them."""
-    name = (name or "").strip()
+    name = (name or "").strip() if isinstance(name, str) else ""
     errors = []
     if not name:
         errors.append(("name", "a saved comparison needs a name"))
-    elif len(name) > 200:
-        errors.append(("name", "at most 200 characters"))
+    else:
+        try:
+            name = clean_text("name", name, max_length=200)
+        except FieldError as exc:
+            errors.extend(exc.errors)
     ids = list(dict.fromkeys(int(r) for r in run_ids))
     if not ids:
         errors.append(("runs", "choose at least one run"))
@@ -92,7 +97,7 @@ def save_comparison(
     if baseline_id is not None and baseline_id not in ids:
         errors.append(("baseline", "the baseline must be one of the compared runs"))
     if errors:
-        raise ConfigError(errors)
+        raise FieldError(errors)
     return SavedComparison.objects.create(
         name=name, owner=owner, run_ids=ids, baseline_id=baseline_id
     )
@@ -107,6 +112,7 @@ def delete_comparison(*, user, comparison: SavedComparison) -> None:
 @transaction.atomic
 def pin_baseline(*, user, run: Run) -> BaselinePin:
     """Make ``run`` the baseline its experiment's charts are drawn against."""
+    check_can_pin(user, run.experiment)
     pin, _ = BaselinePin.objects.update_or_create(
         experiment_id=run.experiment_id, defaults={"run": run, "pinned_by": user}
     )
@@ -114,4 +120,5 @@ def pin_baseline(*, user, run: Run) -> BaselinePin:
 
 
 def unpin_baseline(*, user, experiment: Experiment) -> None:
+    check_can_pin(user, experiment)
     BaselinePin.objects.filter(experiment=experiment).delete()

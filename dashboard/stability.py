@@ -1,7 +1,7 @@
 """The stability review table: one row per variant, aggregated over its seeds.
 
-Columns (issue "Dashboards", section 1): training-inference KL (mismatch/kl_k3,
-mean over the run, shown x1e-3), routing inconsistency %, extreme-token %,
+Columns (docs/design.md, dashboards): training-inference KL (mismatch/kl_k3,
+mean over the run, shown in the registry's unit, ×1e-3), routing inconsistency %, extreme-token %,
 collapse step (mean over seeds, ">= N" when any seed is censored, see
 dashboard/survival.py), final accuracy. Every number is first a per-run mean,
 then a mean over the variant's seeds, so a seed with more logged steps does not
@@ -18,18 +18,19 @@ from typing import Any
 import numpy as np
 
 from dashboard.aggregate import Series
-from dashboard.downsample import as_float_array
 from dashboard.survival import CollapseSummary, RunOutcome, summarize_outcomes
+from lab.runs.metrics.downsample import as_float_array
 from trainer import metric_keys as mk
 
-KL_SCALE = 1e3  # the table shows KL in units of 1e-3
+# KL in the registry's display unit (×1e-3), as on the charts.
+KL_SCALE = mk.metric_spec(mk.MISMATCH_KL_K3).scale
 MISSING = "-"
 
 # (field of StabilityRow.as_dict(), column header)
 STABILITY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("variant", "variant"),
     ("runs", "seeds"),
-    ("kl_k3_x1e3", "training-inference KL (x1e-3)"),
+    ("kl_k3_x1e3", f"training-inference KL ({mk.metric_spec(mk.MISMATCH_KL_K3).unit})"),
     ("routing_inconsistency_pct", "routing inconsistency %"),
     ("extreme_token_pct", "extreme-token %"),
     ("collapse_step", "collapse step"),
@@ -124,7 +125,7 @@ def _none_if_nan(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class StabilityRow:
-    """A variant's row; numbers already scaled for display (KL x1e3, shares in %)."""
+    """A variant's row; numbers already scaled for display (KL ×1e-3, shares in %)."""
 
     variant: str
     runs: int

@@ -10,7 +10,9 @@ colour across charts.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -45,59 +47,57 @@ LAB_TEMPLATE = go.layout.Template(
         "plot_bgcolor": "#ffffff",
         "colorway": list(PALETTE),
         "xaxis": {"gridcolor": GRID_COLOR, "zerolinecolor": "#c8c8c8", "linecolor": "#9a9a9a"},
-        "yaxis": {"gridcolor": GRID_COLOR, "zerolinecolor": "#c8c8c8", "linecolor": "#9a9a9a"},
+        # "e" notation, never SI prefixes (Plotly's default would label 4e-5 "40μ").
+        "yaxis": {
+            "gridcolor": GRID_COLOR,
+            "zerolinecolor": "#c8c8c8",
+            "linecolor": "#9a9a9a",
+            "exponentformat": "e",
+        },
         "hoverlabel": {"font": {"color": TEXT_COLOR}, "bgcolor": "#ffffff"},
         "legend": {"bgcolor": "rgba(255,255,255,0.8)"},
     }
 )
 
-# Human titles for the chart axes; keys not listed fall back to the key itself.
-METRIC_TITLES: dict[str, str] = {
-    mk.REWARD_MEAN: "mean reward",
-    mk.REWARD_ACCURACY: "accuracy (train batch)",
-    mk.EVAL_ACCURACY: "accuracy (held-out)",
-    mk.RESPONSE_LENGTH_MEAN: "mean response length",
-    mk.MISMATCH_KL_K1: "training-inference KL (k1)",
-    mk.MISMATCH_KL_K3: "training-inference KL (k3)",
-    mk.MISMATCH_KL_K3_MAX: "largest per-sequence KL (k3)",
-    mk.MISMATCH_EXTREME_TOKEN_FRAC: "extreme-token share",
-    mk.MISMATCH_ROUTING_INCONSISTENCY: "routing inconsistency",
-    mk.MISMATCH_TOKEN_ANY_LAYER_FRAC: "tokens routed differently in any layer",
-    mk.MISMATCH_SDI: "sequence disagreement index",
-    mk.EXPERTS_UTILIZATION: "expert utilization",
-    mk.EXPERTS_MAX_VIOLATION: "MaxVio",
-    mk.EXPERTS_ROUTER_ENTROPY: "router entropy",
-    mk.ROUTER_TEMPERATURE: "router temperature",
-    mk.POLICY_GRAD_NORM: "gradient norm",
-    mk.GRADS_COS_POLICY_AUX: "cos(policy grad, aux grad)",
-    mk.GRADS_SURGERY_FRAC: "gradient-surgery share",
-    mk.POLICY_CLIP_FRAC: "PPO clip share",
-    mk.TIS_CLIP_FRAC: "TIS clip share",
-}
-
-# Keys that are shares in [0, 1]: their axes show percentages.
-SHARE_KEYS: frozenset[str] = frozenset(
-    {
-        mk.REWARD_ACCURACY,
-        mk.EVAL_ACCURACY,
-        mk.MISMATCH_EXTREME_TOKEN_FRAC,
-        mk.MISMATCH_ROUTING_INCONSISTENCY,
-        mk.MISMATCH_TOKEN_ANY_LAYER_FRAC,
-        mk.MISMATCH_SDI,
-        mk.MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY,
-        mk.GRADS_SURGERY_FRAC,
-        mk.POLICY_CLIP_FRAC,
-        mk.TIS_CLIP_FRAC,
-        mk.TIS_MASKED_FRAC,
-        mk.R3_REPLAYED_FRAC,
-    }
-)
-
 
 def metric_title(key: str) -> str:
-    if key.startswith(mk.EXPERTS_LOAD_PREFIX):
-        return f"expert load, layer {key.removeprefix(mk.EXPERTS_LOAD_PREFIX)}"
-    return METRIC_TITLES.get(key, key)
+    """The chart title of a metric, from the registry (trainer.metric_keys METRIC_SPECS)."""
+    return mk.metric_spec(key).title
+
+
+def metric_axis(key: str) -> dict[str, Any]:
+    """Plotly y-axis settings of a metric, from the registry: its title (with the
+    unit), percent ticks that never go below 0 for a share (an all-zero share would
+    otherwise autorange to -100%..100%), a log axis where the spec asks for one."""
+    spec = mk.metric_spec(key)
+    axis: dict[str, Any] = {"title": {"text": spec.axis_title}}
+    if spec.axis_format:
+        axis |= {"tickformat": spec.axis_format, "rangemode": "nonnegative"}
+    if spec.log_scale:
+        axis["type"] = "log"
+    return axis
+
+
+def share_tickformat(values: Iterable[Any]) -> str:
+    """Percent ticks with as many decimals as the data's range needs: about five
+    ticks over the range, each label distinct ("0%, 0%, 1%, 1%" otherwise when
+    every value lies under 2%). Plotly picks the tick positions; this only picks
+    their precision."""
+    finite = [v for arr in values for v in np.ravel(np.asarray(arr, dtype=float)) if np.isfinite(v)]
+    if not finite:
+        return ".0%"
+    top = max(max(finite), 0.0)  # the axis starts at 0 (rangemode nonnegative)
+    bottom = min(min(finite), 0.0)
+    step_pct = (top - bottom) * 100 / 5
+    if step_pct <= 0:
+        return ".0%"
+    decimals = max(0, math.ceil(-math.log10(step_pct)))
+    return f".{min(decimals, 4)}%"
+
+
+def hover_format(key: str) -> str:
+    """The d3 format of a metric's values in hover labels."""
+    return mk.metric_spec(key).hover_format
 
 
 def stable_color(label: str) -> str:
@@ -164,6 +164,7 @@ def base_layout(
         "yaxis": {"title": {"text": y_title}},
         "hovermode": hovermode,
         "uirevision": uirevision,
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "xanchor": "left"},
-        "margin": {"l": 60, "r": 20, "t": 70, "b": 50},
+        # Below the plot: long run names wrap there instead of covering the title.
+        "legend": {"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0, "xanchor": "left"},
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 90},
     }

@@ -1,6 +1,36 @@
-"""Fixtures shared by the platform, dashboard and browser tests: the team's users."""
+"""Fixtures shared by the platform, dashboard and browser tests: the team's users.
+
+Also suite-wide settings: a fast password hasher (the production PBKDF2
+costs ~0.3 s per user created, which fixtures pay hundreds of times), no
+PostgreSQL idle-transaction timeout for the test process itself (a database
+test is one transaction, idle while it trains a model in-process), and a
+closing list of tests that took over ``SLOW_TEST_S`` seconds without the
+``slow`` mark, so the mark stays honest.
+"""
 
 import pytest
+
+SLOW_TEST_S = 5.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_configure(config):
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.DATABASES["default"].get("OPTIONS", {}).pop("options", None)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > SLOW_TEST_S and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {SLOW_TEST_S:.0f} s without the slow mark")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda item: -item[1]):
+            terminalreporter.line(f"{seconds:6.1f} s  {nodeid}")
 
 
 @pytest.fixture

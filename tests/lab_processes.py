@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import launch
+from lab.jobs import launch
 
 # A config the real trainer finishes in seconds on a CPU.
 TINY_OVERRIDES = {
@@ -33,14 +33,15 @@ TINY_OVERRIDES = {
 }
 
 
-def submit_tiny_run(owner, experiment, **kw):
-    """A queued moe-grpo run of ``experiment`` with ``TINY_OVERRIDES`` (keyword
-    arguments go to ``runs.services.submit_run``)."""
-    from runs.services import submit_run
+def submit_tiny_run(owner, experiment, overrides: dict | None = None, **kw):
+    """A queued moe-grpo run of ``experiment`` with ``TINY_OVERRIDES`` plus ``overrides``
+    (other keyword arguments go to ``runs.lifecycle.submit_run``)."""
+    from lab.runs.lifecycle import submit_run
 
     return submit_run(
-        owner=owner, experiment=experiment, preset="moe-grpo", overrides=TINY_OVERRIDES, **kw
-    )
+        owner=owner, experiment=experiment, preset="moe-grpo",
+        overrides={**TINY_OVERRIDES, **(overrides or {})}, **kw,
+    )  # fmt: skip
 
 
 REDIS_URL = os.environ.get("LAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
@@ -83,6 +84,9 @@ class LabStack:
             "LAB_HEARTBEAT_S": "0.5",
             "LAB_POLL_S": "0.2",
             "LAB_STALE_AFTER_S": "4",
+            # A trainer stops when its worker has not renewed its lease for 3 s: a
+            # frozen worker's trainer is gone before the run is handed on (4 s).
+            "LAB_LEASE_S": "3",
             "LAB_RECONCILE_EVERY_S": "1",
             "DJANGO_DEBUG": "1",
         }
@@ -142,6 +146,39 @@ class LabStack:
         proc = self.procs.pop(name)
         proc.send_signal(sig)
         proc.wait(timeout=60)
+
+    def freeze(self, *pids: int, attempts: int = 50) -> None:
+        """SIGSTOP ``pids`` at a moment none of them holds the SQLite write lock.
+
+        SQLite has one write lock per file and no server to take it back: a
+        process stopped inside a write transaction stalls every other process
+        until it resumes (docs/operations.md). The fault these tests inject is a
+        frozen worker, not a frozen database, so on SQLite the stop is retried
+        until a probe can take the lock. PostgreSQL needs no probe: its server
+        ends a transaction left idle (``idle_in_transaction_session_timeout``).
+        """
+        for _ in range(attempts):
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            if self.pg_db or self._sqlite_writable():
+                return
+            for pid in reversed(pids):
+                os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        pytest.fail(f"processes {pids} held the SQLite write lock {attempts} times in a row")
+
+    def _sqlite_writable(self) -> bool:
+        import sqlite3
+
+        db = sqlite3.connect(self.root / "var" / "db.sqlite3", timeout=0.5, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            db.close()
 
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"

@@ -1,4 +1,4 @@
-"""Guards for the two layout traps (DESIGN.md section 1)."""
+"""Guards for the two layout traps (docs/design.md section 1)."""
 
 import subprocess
 import sys

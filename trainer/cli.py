@@ -1,26 +1,41 @@
-"""Command line (DESIGN.md 3.2).
+"""Command line (docs/design.md, "contracts: CLI").
 
     python -m trainer run (--config cfg.json | --preset NAME) [--set a.b=value ...]
-                          --out RUN_DIR [--resume]
+                          --out RUN_DIR [--resume] [--lease-file PATH --lease-s S]
     python -m trainer presets
     python -m trainer schema
+    python -m trainer export RUN_DIR --step N --out DIR [--dtype bfloat16]
 
 A bad config prints the offending field paths and exits with code 2 before
-anything is written.
+anything is written. A run folder held by another trainer exits with code 73
+at once; an expired lease (the supervisor stopped renewing --lease-file)
+exits with code 76 without a checkpoint (trainer/run_guard.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from trainer.config import ConfigError, ExperimentConfig, apply_overrides, validate_config
+from trainer.config import ConfigDeprecationWarning, ExperimentConfig, apply_overrides
+from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
+from trainer.hf.loader import resolve_model_source
 from trainer.presets import list_presets, preset_dict
-
-EXIT_BAD_CONFIG = 2
+from trainer.run_files import EXIT_CODE_FILE
+from trainer.run_guard import (
+    LEASE_EXPIRED_EXIT_CODE,
+    RUN_DIR_BUSY_EXIT_CODE,
+    Lease,
+    LeaseExpired,
+    RunDirBusy,
+    die_with_launcher,
+)
+from trainer.validation import validate_config
 
 
 def build_config(
@@ -32,14 +47,41 @@ def build_config(
         try:
             data = json.loads(Path(config_path).read_text())
         except FileNotFoundError:
-            raise ConfigError([("--config", f"no such file: {config_path}")]) from None
+            raise FieldError([("--config", f"no such file: {config_path}")]) from None
         except json.JSONDecodeError as exc:
-            raise ConfigError([("--config", f"not valid JSON: {exc}")]) from None
+            raise FieldError([("--config", f"not valid JSON: {exc}")]) from None
         if not isinstance(data, dict):
-            raise ConfigError([("--config", "the file must hold a JSON object")])
+            raise FieldError([("--config", "the file must hold a JSON object")])
     elif preset:
         data = preset_dict(preset)
-    return validate_config(apply_overrides(data, overrides))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigDeprecationWarning)
+        cfg = validate_config(apply_overrides(data, overrides))
+        # model.source: the checkpoint's config.json decides the shape (docs/models.md).
+        cfg = resolve_model_source(cfg)
+    for warning in caught:
+        if issubclass(warning.category, ConfigDeprecationWarning):
+            print(f"deprecated: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    return cfg
+
+
+def check_launched_nodes(nodes: int, gpus: int) -> None:
+    """A run over several hosts needs torchrun on each (``--nnodes``); started
+    any other way it would train on one host and call it several."""
+    if nodes == 1:
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != nodes * gpus:
+        raise FieldError([(
+            "run.nodes",
+            f"{nodes} nodes x {gpus} ranks need torchrun --nnodes={nodes} "
+            f"--nproc_per_node={gpus} on every host (this process sees WORLD_SIZE={world}); "
+            "submit it to the platform's queue, which gang-schedules it, or set run.nodes=1",
+        )])  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", required=True, help="run folder")
     run.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    run.add_argument(
+        "--lease-file",
+        help="file a supervisor touches while it owns this attempt; stop when it goes stale",
+    )
+    run.add_argument(
+        "--lease-s", type=float, default=30.0, help="seconds without a touch before stopping"
+    )
 
     sub.add_parser("presets", help="list presets")
     sub.add_parser("schema", help="print the config JSON Schema")
@@ -79,14 +128,59 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=20)
 
     study = sub.add_parser("study", help="run a stability study definition")
-    study.add_argument("definition", help="STUDY.json, or a built-in name: quick | full")
+    study.add_argument(
+        "definition", help="STUDY.json, or a built-in name: quick | dose | fixes | full"
+    )
     study.add_argument("--out", required=True)
     study.add_argument("--set", dest="overrides", action="append", default=[])
+    study.add_argument(
+        "--variants", help="comma-separated variant names: run only this slice of the study"
+    )
+    study.add_argument("--seeds", help="comma-separated seeds: run only these of the study's seeds")
+
+    export = sub.add_parser("export", help="write a run's policy as a Hugging Face checkpoint")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="run folder")
+    export.add_argument("--step", type=int, required=True, help="RL step of the checkpoint")
+    export.add_argument("--out", required=True, help="folder for the HF checkpoint")
+    export.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run one command; a reader that closes the pipe early (``| head``) ends it quietly."""
+    try:
+        args = _parser().parse_args(argv)
+        code = _dispatch(args)
+        if args.command == "run":
+            report_exit_code(Path(args.out), code)
+        sys.stdout.flush()  # inside the try: a small output is still buffered here
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at devnull so that flush
+        # cannot raise a second time (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def report_exit_code(run_dir: Path, code: int) -> None:
+    """Under torchrun, leave a meaningful exit code in the run folder: torchrun
+    itself exits 1 for any failed rank, and the platform's worker must still
+    tell a bad config (fail now) from a busy folder or an expired lease (retry)."""
+    if "LOCAL_RANK" not in os.environ:
+        return
+    if code not in (BAD_INPUT_EXIT_CODE, RUN_DIR_BUSY_EXIT_CODE, LEASE_EXPIRED_EXIT_CODE):
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f"{EXIT_CODE_FILE}.{os.getpid()}"
+        tmp.write_text(str(code))
+        os.replace(tmp, run_dir / EXIT_CODE_FILE)
+    except OSError:  # an unwritable folder: the exit status and the log still say it
+        pass
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "presets":
         width = max(len(name) for name, _ in list_presets())
         for name, description in list_presets():
@@ -103,21 +197,44 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(cfg.to_dict(), indent=2))
             return 0
         if args.command == "run":
+            die_with_launcher()  # under torchrun: a lost launcher is a lost host
             cfg = build_config(args.config, args.preset, args.overrides)
+            check_launched_nodes(cfg.run.nodes, cfg.run.gpus)
+            from trainer.hf.tokenizer import install_checkpoint_tokenizer
+            from trainer.tasks import make_task
+
+            # An imported model's tokenizer and its prompt lengths, before any write.
+            install_checkpoint_tokenizer(make_task(cfg.task), cfg)
             from trainer.runner import run_from_cli
 
-            return run_from_cli(cfg, Path(args.out), resume=args.resume)
+            lease = Lease(Path(args.lease_file), args.lease_s) if args.lease_file else None
+            try:
+                return run_from_cli(cfg, Path(args.out), resume=args.resume, lease=lease)
+            except RunDirBusy as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return RUN_DIR_BUSY_EXIT_CODE
+            except LeaseExpired as exc:
+                print(f"stopped: {exc}", file=sys.stderr)
+                return LEASE_EXPIRED_EXIT_CODE
         if args.command == "demo":
             from trainer.demo import run_demo
 
             return run_demo(Path(args.out), steps=args.steps)
+        if args.command == "export":
+            from trainer.hf.export import export_run
+
+            out = export_run(Path(args.run_dir), args.step, Path(args.out), args.dtype)
+            print(f"wrote {out}")
+            return 0
         if args.command == "study":
             from trainer.study import run_study_cli
 
-            return run_study_cli(args.definition, Path(args.out), args.overrides)
-    except ConfigError as exc:
+            return run_study_cli(
+                args.definition, Path(args.out), args.overrides, args.variants, args.seeds
+            )
+    except FieldError as exc:
         print("invalid config:", file=sys.stderr)
         for path, msg in exc.errors:
             print(f"  {path or '(root)'}: {msg}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return BAD_INPUT_EXIT_CODE
     return 1

@@ -4,7 +4,12 @@ Every field has a default and help text; unknown keys and wrong types are
 rejected with the field's dotted path (``algorithm.clip_eps_low: ...``) so the
 CLI, the API and the form can all point at the offending field.
 
-Sections: model, task, warm_start, rollout, algorithm, stabilizers, optim, run.
+Sections: model, task, warm_start, rollout, algorithm, stabilizers, optim, run, parallel.
+``task`` is one model per task kind, picked by ``task.name`` (arithmetic | sort | text);
+``stabilizers`` has one sub-section per owner (replay, balance, surgery,
+is_correction, router_temperature, noisy_gating). The previous release's flat
+paths still load for one release (``trainer.config_migration``), with a
+``ConfigDeprecationWarning`` naming the new path.
 Presets (``trainer.presets``) are partial configs layered over these defaults,
 never code paths.
 """
@@ -14,16 +19,30 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
-from typing import Any, Literal
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainer.algorithms.registry import ALGORITHMS, Algorithm
+from trainer.config_migration import migrate
+from trainer.errors import FieldError
+
+
+class ConfigDeprecationWarning(FutureWarning):
+    """A config used a path of the previous release; the message names the new one.
+
+    A FutureWarning so Python shows it by default: it is meant for the person
+    who wrote the config, not only for developers.
+    """
 
 
 class Section(BaseModel):
     """Base for every config section: strict types, no unknown keys."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False
+    )
 
 
 # --------------------------------------------------------------------------- model
@@ -33,7 +52,7 @@ class ModelConfig(Section):
         ge=8,
         description="Vocabulary size; leave empty to take it from the task's tokenizer.",
     )
-    n_layers: int = Field(2, ge=1, le=64, description="Number of transformer blocks.")
+    n_layers: int = Field(2, ge=1, le=256, description="Number of transformer blocks.")
     d_model: int = Field(128, ge=16, le=8192, description="Residual stream width.")
     n_heads: int = Field(4, ge=1, le=128, description="Attention heads; must divide d_model.")
     n_experts: int = Field(
@@ -62,18 +81,87 @@ class ModelConfig(Section):
     norm_eps: float = Field(1e-5, gt=0, le=1e-2, description="RMSNorm epsilon.")
     tie_embeddings: bool = Field(True, description="Share input embedding and output head.")
     init_std: float = Field(0.02, gt=0, le=1.0, description="Std of the normal weight init.")
+    # ---- Hugging Face architectures (docs/models.md). Defaults = the builtin model.
+    source: str = Field(
+        "builtin",
+        min_length=1,
+        description="'builtin' (the lab's own randomly initialised model) or the path of a "
+        "local Hugging Face checkpoint folder (config.json + *.safetensors [+ tokenizer "
+        "files]) whose architecture and weights the run starts from; its config.json then "
+        "sets every shape field below.",
+    )
+    family: Literal[
+        "builtin", "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3", "qwen2", "llama"
+    ] = Field(
+        "builtin",
+        description="Hugging Face model_type this shape came from; `trainer export` writes "
+        "that format ('builtin' exports an MoE as mixtral, a dense model as llama).",
+    )
+    n_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Key/value heads for grouped-query attention (Ainslie et al. 2023); "
+        "empty = n_heads (multi-head attention). Must divide n_heads.",
+    )
+    head_dim: int | None = Field(
+        None,
+        ge=2,
+        le=1024,
+        description="Per-head width; empty = d_model / n_heads (Qwen3 sets it explicitly).",
+    )
+    rope_theta: float = Field(
+        10000.0, gt=0, description="Rotary base: theta_i = rope_theta^(-2i/head_dim)."
+    )
+    qk_norm: Literal["none", "head", "full"] = Field(
+        "none",
+        description="RMSNorm on queries and keys before rotary: 'head' per head over "
+        "head_dim (Qwen3), 'full' over the whole q / k projection (OLMoE).",
+    )
+    attention_bias: Literal["none", "qkv", "qkvo"] = Field(
+        "none",
+        description="Bias on the q/k/v projections (Qwen2) or also on the output "
+        "projection (Llama/Qwen3 attention_bias=true).",
+    )
+    norm_topk_prob: bool = Field(
+        True,
+        description="Renormalise the top-k gate weights to sum to 1 (Mixtral, Qwen3-MoE); "
+        "false uses the full-softmax probabilities as gates (Qwen2-MoE, OLMoE).",
+    )
+    shared_expert_gate: bool = Field(
+        False,
+        description="Scale the shared expert by sigmoid(x w_g), w_g (D,) (Qwen2-MoE); "
+        "needs shared_expert_hidden > 0.",
+    )
+    dense_layers: list[int] = Field(
+        default_factory=list,
+        description="Block indices (0-based) whose FFN is dense (dense_hidden wide) in an "
+        "MoE model (Qwen mlp_only_layers / decoder_sparse_step).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each block's activations in the backward pass instead of "
+        "storing them (less memory, about one extra forward of compute).",
+    )
+    chat_template: bool = Field(
+        False,
+        description="Wrap each task prompt as a user message in the checkpoint's chat "
+        "template (tokenizer_config.json or chat_template.jinja, rendered with jinja2, "
+        "generation prompt added) before encoding; needs model.source.",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
-        if self.d_model % self.n_heads:
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"n_heads: n_heads ({self.n_heads}) must divide d_model ({self.d_model}); "
                 "pick n_heads from the divisors of d_model"
             )
-        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+        if self.positional == "rope" and self.resolved_head_dim % 2:
             raise ValueError(
                 "positional: rotary embeddings need an even head dimension (d_model / n_heads)"
             )
+        self._check_hf_fields()
         if self.n_experts and self.top_k > self.n_experts:
             raise ValueError(
                 f"top_k: top_k ({self.top_k}) cannot exceed n_experts ({self.n_experts}); "
@@ -81,9 +169,53 @@ class ModelConfig(Section):
             )
         return self
 
+    def _check_hf_fields(self) -> None:
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_kv_heads: n_kv_heads ({self.n_kv_heads}) must divide n_heads "
+                f"({self.n_heads}); each key/value head serves n_heads / n_kv_heads queries"
+            )
+        if self.shared_expert_gate and not self.shared_expert_hidden:
+            raise ValueError(
+                "shared_expert_gate: a shared-expert gate needs a shared expert; "
+                "set shared_expert_hidden > 0 or turn the gate off"
+            )
+        bad = [i for i in self.dense_layers if not 0 <= i < self.n_layers]
+        if bad:
+            raise ValueError(
+                f"dense_layers: block indices {bad} are outside 0..{self.n_layers - 1}"
+            )
+        if self.chat_template and self.source == "builtin":
+            raise ValueError(
+                "chat_template: only an imported checkpoint has a chat template; "
+                "set model.source or turn chat_template off"
+            )
+        if len(set(self.dense_layers)) != len(self.dense_layers):
+            raise ValueError("dense_layers: list each block index once")
+        if self.dense_layers and not self.is_moe:
+            raise ValueError(
+                "dense_layers: only an MoE model (n_experts > 0) has sparse blocks to make dense"
+            )
+
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    @property
+    def resolved_n_kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    def is_moe_block(self, index: int) -> bool:
+        """Whether block ``index`` has a routed MoE FFN (else the dense SwiGLU)."""
+        return self.is_moe and index not in self.dense_layers
+
+    @property
+    def n_moe_blocks(self) -> int:
+        return sum(self.is_moe_block(i) for i in range(self.n_layers))
 
     @property
     def resolved_dense_hidden(self) -> int:
@@ -91,26 +223,9 @@ class ModelConfig(Section):
 
 
 # --------------------------------------------------------------------------- task
-class TaskConfig(Section):
-    name: Literal["arithmetic", "sort"] = Field(
-        "arithmetic",
-        description="arithmetic: multi-digit +, -, *; sort: sort a list of numbers.",
-    )
-    operations: list[Literal["add", "sub", "mul"]] = Field(
-        default_factory=lambda: ["add"],
-        min_length=1,
-        description="Arithmetic operations drawn uniformly per problem.",
-    )
-    min_digits: int = Field(1, ge=1, le=12, description="Fewest digits per operand.")
-    max_digits: int = Field(2, ge=1, le=12, description="Most digits per operand.")
-    scratchpad: bool = Field(
-        False,
-        description="Ask for a digit-by-digit scratchpad before the answer (20+ token "
-        "responses; the training-inference gap grows over a sequence's tokens).",
-    )
-    sort_min_len: int = Field(3, ge=2, le=32, description="Shortest list for the sort task.")
-    sort_max_len: int = Field(6, ge=2, le=32, description="Longest list for the sort task.")
-    sort_max_value: int = Field(99, ge=9, le=9999, description="Largest number in a sort list.")
+class TaskBase(Section):
+    """Fields every task kind shares; ``name`` picks the kind (a tagged union)."""
+
     format_reward: float = Field(
         0.0,
         ge=0.0,
@@ -128,13 +243,115 @@ class TaskConfig(Section):
         12345, ge=0, description="Seed of the held-out set (kept apart from run.seed)."
     )
 
+
+class ArithmeticTaskConfig(TaskBase):
+    name: Literal["arithmetic"] = Field(
+        "arithmetic", description="arithmetic: multi-digit +, -, *."
+    )
+    operations: list[Literal["add", "sub", "mul"]] = Field(
+        ["add"],  # pydantic copies a mutable default per instance
+        min_length=1,
+        description="Arithmetic operations drawn uniformly per problem.",
+    )
+    min_digits: int = Field(1, ge=1, le=12, description="Fewest digits per operand.")
+    max_digits: int = Field(2, ge=1, le=12, description="Most digits per operand.")
+    scratchpad: bool = Field(
+        False,
+        description="Ask for a digit-by-digit scratchpad before the answer (20+ token "
+        "responses; the training-inference gap grows over a sequence's tokens).",
+    )
+
     @model_validator(mode="after")
-    def _check_ranges(self) -> TaskConfig:
+    def _check_digits(self) -> ArithmeticTaskConfig:
         if self.min_digits > self.max_digits:
-            raise ValueError("min_digits: min_digits must be <= max_digits")
-        if self.sort_min_len > self.sort_max_len:
-            raise ValueError("sort_min_len: sort_min_len must be <= sort_max_len")
+            raise ValueError("min_digits: min_digits must be <= max_digits; raise max_digits")
         return self
+
+
+class SortTaskConfig(TaskBase):
+    name: Literal["sort"] = Field("sort", description="sort: sort a list of numbers.")
+    min_len: int = Field(3, ge=2, le=32, description="Shortest list to sort.")
+    max_len: int = Field(6, ge=2, le=32, description="Longest list to sort.")
+    max_value: int = Field(99, ge=9, le=9999, description="Largest number in a list.")
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> SortTaskConfig:
+        if self.min_len > self.max_len:
+            raise ValueError("min_len: min_len must be <= max_len; raise max_len")
+        return self
+
+
+class TextTaskConfig(TaskBase):
+    """A task read from a local JSONL/Parquet file (``trainer.tasks.text``, docs/models.md)."""
+
+    name: Literal["text"] = Field(
+        "text", description="text: prompts and verifiable answers from a local data file."
+    )
+    data_file: str = Field(
+        "word_problems.jsonl",
+        min_length=1,
+        description="Absolute path of a .jsonl/.json/.parquet file (read with the datasets "
+        "library), or the name of a file shipped in trainer/task_data (word_problems.jsonl).",
+    )
+    eval_file: str | None = Field(
+        None,
+        description="A separate held-out file (e.g. GSM8K's test.jsonl), same fields; empty = "
+        "hold out about 10% of data_file's prompts by hash (as the built-in tasks do).",
+    )
+    prompt_field: str = Field("question", min_length=1, description="Row field of the prompt.")
+    prompt_template: str | None = Field(
+        None,
+        description="Python format string over the row's fields, e.g. 'Q: {question}\\nA:'; "
+        "empty = the prompt_field as is.",
+    )
+    answer_field: str = Field(
+        "answer",
+        min_length=1,
+        description="Row field of the answer; also the supervised warm-start response "
+        "(a GSM8K answer: working, then '#### 42').",
+    )
+    verifier: Literal["numeric", "exact", "choice", "python"] = Field(
+        "numeric",
+        description="numeric: '####' (GSM8K) or \\boxed{} (MATH) answer within tolerance; "
+        "exact: string match; choice: multiple-choice label; python: reward_function.",
+    )
+    tolerance: float = Field(
+        1e-6,
+        ge=0.0,
+        le=1.0,
+        description="numeric: correct when |pred - gold| <= tolerance * max(1, |gold|).",
+    )
+    choice_labels: str = Field(
+        "ABCD",
+        min_length=2,
+        max_length=26,
+        pattern="^[A-Z]+$",
+        description="choice: the option labels, in order (a 0-based integer answer picks one).",
+    )
+    reward_function: str | None = Field(
+        None,
+        description="python: import path 'package.module:function' of "
+        "fn(response: str, answer: str) -> float in [0, 1] (1 = correct).",
+    )
+
+    @model_validator(mode="after")
+    def _check_verifier(self) -> TextTaskConfig:
+        if self.verifier == "python" and not self.reward_function:
+            raise ValueError(
+                "reward_function: the python verifier needs an import path "
+                "'package.module:function'"
+            )
+        if self.reward_function and self.verifier != "python":
+            raise ValueError(
+                "reward_function: only used with verifier='python'; set the verifier or clear it"
+            )
+        return self
+
+
+TaskConfig = Annotated[
+    ArithmeticTaskConfig | SortTaskConfig | TextTaskConfig, Field(discriminator="name")
+]
+"""One model per task kind, chosen by ``task.name``."""
 
 
 # --------------------------------------------------------------------------- warm start
@@ -176,10 +393,12 @@ class WarmStartConfig(Section):
 
 # --------------------------------------------------------------------------- rollout
 class RolloutConfig(Section):
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
         "bf16",
         description="Rollout engine precision. On CPU bf16/fp16 are emulated by rounding "
-        "weights and activations around fp32 matmuls (as GPU GEMMs with fp32 accumulation).",
+        "weights and activations around fp32 matmuls (as GPU GEMMs with fp32 accumulation). "
+        "fp8: e4m3 weights and GEMM inputs with per-tensor scales, bf16 elsewhere (always "
+        "emulated; trainer/rollout/numerics.py).",
     )
     prompts_per_step: int = Field(
         16, ge=1, le=65536, description="Prompts per RL step (before the batch-size ramp)."
@@ -239,6 +458,13 @@ class AlgorithmConfig(Section):
         4, ge=1, le=1024, description="Update minibatches per rollout batch (off-policy-ness)."
     )
     epochs: int = Field(1, ge=1, le=64, description="Passes over each rollout batch.")
+    behavior_logprobs: Literal["train", "rollout"] = Field(
+        "train",
+        description="The ratio's old (behaviour) policy. train: the training engine's "
+        "log-probs recomputed before the update (the engine gap enters only through "
+        "sampling); rollout: the rollout engine's own log-probs, as some frameworks use, "
+        "so the engine gap enters the ratio directly.",
+    )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO discount.")
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="PPO GAE lambda.")
     value_coef: float = Field(0.5, ge=0.0, le=100.0, description="PPO value-loss weight.")
@@ -250,12 +476,17 @@ class AlgorithmConfig(Section):
     @model_validator(mode="after")
     def _resolve_clip(self) -> AlgorithmConfig:
         # Resolved here so the stored config records the number actually used.
-        low, high = (3e-4, 4e-4) if self.name == "gspo" else (0.2, 0.2)
+        spec = self.spec
         if self.clip_eps_low is None:
-            object.__setattr__(self, "clip_eps_low", low)
+            object.__setattr__(self, "clip_eps_low", spec.clip_eps_low)
         if self.clip_eps_high is None:
-            object.__setattr__(self, "clip_eps_high", high)
+            object.__setattr__(self, "clip_eps_high", spec.clip_eps_high)
         return self
+
+    @property
+    def spec(self) -> Algorithm:
+        """This algorithm's row of ``trainer.algorithms.registry.ALGORITHMS``."""
+        return ALGORITHMS[self.name]
 
 
 # --------------------------------------------------------------------------- stabilizers
@@ -279,36 +510,32 @@ class RouterTemperatureConfig(Section):
     max_temperature: float = Field(10.0, gt=0, description="Upper bound.")
 
 
-class StabilizersConfig(Section):
-    routing_replay: Literal["none", "r2", "r3"] = Field(
+class ReplayConfig(Section):
+    """Routing replay (owner: ``trainer.stabilizers.replay`` and the loop's replay masks)."""
+
+    mode: Literal["none", "r2", "r3"] = Field(
         "none",
         description="none; r3 = replay the rollout engine's routing in training (arXiv "
         "2510.11370); r2 = replay the old policy's training routing in updates (GSPO).",
     )
-    replay_warmup_steps: int = Field(
+    warmup_steps: int = Field(
         0, ge=0, description="Steps over which a share of pairs keeps its own routing."
     )
-    replay_warmup_keep_frac: float = Field(
+    warmup_keep_frac: float = Field(
         0.1,
         ge=0.0,
         le=1.0,
         description="Share of (token, layer) pairs keeping the training router's choice at "
-        "step 0, shrinking linearly to 0 over replay_warmup_steps.",
+        "step 0, shrinking linearly to 0 over warmup_steps.",
     )
-    replay_compression: Literal["none", "rle", "zlib"] = Field(
-        "none", description="Extra compression of packed routing indices."
+    compression: Literal["none", "rle", "zlib"] = Field(
+        "none", description="Extra compression of the bit-packed routing indices."
     )
-    lb_from_natural_routing: bool = Field(
-        True,
-        description="Balance losses use the router's natural top-k even under replay "
-        "(as Megatron does); off = use the replayed experts.",
-    )
-    router_kl_coef: float = Field(
-        0.0, ge=0.0, le=100.0, description="Router-anchoring KL to recent routings; e.g. 0.1."
-    )
-    router_kl_buffer_steps: int = Field(
-        4, ge=1, le=1000, description="Recent steps kept in the router-anchoring buffer."
-    )
+
+
+class BalanceConfig(Section):
+    """Load balancing and router anchoring (owner: ``trainer.algorithms.balance``)."""
+
     aux_loss_coef: float = Field(
         0.0, ge=0.0, le=10.0, description="Switch load-balancing loss alpha; e.g. 0.01."
     )
@@ -320,36 +547,41 @@ class StabilizersConfig(Section):
         False, description="DeepSeek-V3 auxiliary-loss-free balancing bias (selection only)."
     )
     aux_free_bias_rate: float = Field(1e-3, gt=0, le=1.0, description="Bias update speed u.")
-    gradient_surgery: bool = Field(
+    lb_from_natural_routing: bool = Field(
+        True,
+        description="Balance losses use the router's natural top-k even under replay "
+        "(as Megatron does); off = use the replayed experts.",
+    )
+    router_kl_coef: float = Field(
+        0.0, ge=0.0, le=100.0, description="Router-anchoring KL to recent routings; e.g. 0.1."
+    )
+    router_kl_buffer_steps: int = Field(
+        4, ge=1, le=1000, description="Recent steps kept in the router-anchoring buffer."
+    )
+
+    @property
+    def has_routing_loss(self) -> bool:
+        return self.aux_loss_coef > 0 or self.z_loss_coef > 0 or self.router_kl_coef > 0
+
+
+class SurgeryConfig(Section):
+    """Gradient surgery (owner: ``trainer.stabilizers.surgery_step``)."""
+
+    enabled: bool = Field(
         False, description="PCGrad projection of routing-loss gradient off the policy gradient."
     )
-    surgery_scope: Literal["router", "all"] = Field(
+    scope: Literal["router", "all"] = Field(
         "router", description="Parameters on which gradient surgery acts."
     )
-    router_temperature: RouterTemperatureConfig = Field(default_factory=RouterTemperatureConfig)
-    noisy_gating: bool = Field(
-        False, description="Noisy top-k gating (learned softplus noise scale, training only)."
-    )
-    noisy_gating_init_std: float = Field(
-        0.1,
-        gt=0,
-        le=10.0,
-        description="Initial noise std of noisy gating, in units of the router logits / T "
-        "(a trained tiny router's top-2 gaps are of order 0.1-1).",
-    )
-    per_expert_grad_clip: float = Field(
-        0.0, ge=0.0, description="Clip each expert's gradient norm on its own; 0 = off, e.g. 1."
-    )
-    expert_lr_scale: float = Field(
-        1.0, gt=0, le=100.0, description="Learning-rate multiplier for expert parameters."
-    )
-    router_lr_scale: float = Field(
-        1.0, gt=0, le=100.0, description="Learning-rate multiplier for router parameters."
-    )
-    is_correction: Literal["none", "tis", "mis", "icepop"] = Field(
+
+
+class ISCorrectionConfig(Section):
+    """Training-inference importance-sampling correction (owner: ``algorithms.is_correction``)."""
+
+    kind: Literal["none", "tis", "mis", "icepop"] = Field(
         "none",
-        description="Training-inference importance-sampling correction: tis = truncated "
-        "token weights; mis = mask sequences; icepop = zero tokens outside a ratio band.",
+        description="none; tis = truncated token weights; mis = mask sequences; "
+        "icepop = zero tokens outside a ratio band.",
     )
     tis_cap: float = Field(2.0, gt=0, description="TIS truncation C.")
     mis_low: float = Field(0.5, gt=0, description="MIS lower bound on the sequence ratio.")
@@ -358,12 +590,38 @@ class StabilizersConfig(Section):
     icepop_high: float = Field(5.0, gt=0, description="IcePop upper token-ratio bound.")
 
     @model_validator(mode="after")
-    def _check_bounds(self) -> StabilizersConfig:
+    def _check_bounds(self) -> ISCorrectionConfig:
         if self.mis_low >= self.mis_high:
-            raise ValueError("mis_low: mis_low must be < mis_high")
+            raise ValueError("mis_low: mis_low must be < mis_high; lower mis_low")
         if self.icepop_low >= self.icepop_high:
-            raise ValueError("icepop_low: icepop_low must be < icepop_high")
+            raise ValueError("icepop_low: icepop_low must be < icepop_high; lower icepop_low")
         return self
+
+
+class NoisyGatingConfig(Section):
+    """Noisy top-k gating (owner: ``trainer.model.noisy_gating``)."""
+
+    enabled: bool = Field(
+        False, description="Noisy top-k gating (learned softplus noise scale, training only)."
+    )
+    init_std: float = Field(
+        0.1,
+        gt=0,
+        le=10.0,
+        description="Initial noise std, in units of the router logits / T "
+        "(a trained tiny router's top-2 gaps are of order 0.1-1).",
+    )
+
+
+class StabilizersConfig(Section):
+    """The MoE stabilizers, one sub-section per owner."""
+
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    balance: BalanceConfig = Field(default_factory=BalanceConfig)
+    surgery: SurgeryConfig = Field(default_factory=SurgeryConfig)
+    is_correction: ISCorrectionConfig = Field(default_factory=ISCorrectionConfig)
+    router_temperature: RouterTemperatureConfig = Field(default_factory=RouterTemperatureConfig)
+    noisy_gating: NoisyGatingConfig = Field(default_factory=NoisyGatingConfig)
 
 
 # --------------------------------------------------------------------------- optim
@@ -390,6 +648,24 @@ class OptimConfig(Section):
     entropy_coef_end: float = Field(
         0.0, ge=0.0, le=1.0, description="Entropy bonus at the last step (linear decay)."
     )
+    per_expert_grad_clip: float = Field(
+        0.0,
+        ge=0.0,
+        description="Clip each expert's gradient norm on its own, before grad_clip; "
+        "0 = off, e.g. 1.",
+    )
+    expert_lr_scale: float = Field(
+        1.0, gt=0, le=100.0, description="Learning-rate multiplier for expert parameters."
+    )
+    router_lr_scale: float = Field(
+        1.0, gt=0, le=100.0, description="Learning-rate multiplier for router parameters."
+    )
+    param_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Storage dtype of the policy's parameters in training: bf16 runs the "
+        "training forward and backward on bf16 weights while AdamW updates fp32 master "
+        "copies with fp32 moments (trainer/precision.py); the routers stay fp32.",
+    )
 
     @model_validator(mode="after")
     def _check_lr(self) -> OptimConfig:
@@ -400,22 +676,39 @@ class OptimConfig(Section):
 
 # --------------------------------------------------------------------------- run
 class CollapseConfig(Section):
-    """DESIGN.md 3.5: non-finite loss/gradient, or a sustained accuracy drop."""
+    """docs/design.md, "collapse definition": non-finite loss/gradient, or a sustained accuracy
+    drop beyond the batch noise (trainer/collapse.py justifies every default)."""
 
-    window: int = Field(10, ge=1, description="Moving-average window of reward/accuracy.")
+    window: int = Field(5, ge=1, le=1000, description="Running-median window of batch accuracy.")
     drop_fraction: float = Field(
         0.5,
         gt=0.0,
         lt=1.0,
-        description="Collapse when the moving average falls below this fraction of its best.",
+        description="Collapse when the running median falls below this fraction of its best "
+        "(and below the best by more than the noise margin).",
     )
-    floor: float = Field(
-        0.1,
+    noise_z: float = Field(
+        4.0,
         ge=0.0,
-        le=1.0,
-        description="The drop rule arms only after the best moving average passed this.",
+        le=20.0,
+        description="Noise margin in standard deviations of the running median's difference "
+        "(the larger of the binomial std at prompts_per_step x group_size answers and the run's "
+        "own step-to-step noise).",
     )
-    patience: int = Field(10, ge=1, description="Steps the average must stay below the threshold.")
+    slow_window: int = Field(
+        20,
+        ge=0,
+        le=10_000,
+        description="Running-mean window of the slow scale that catches slow declines; 0 = off.",
+    )
+    patience: int = Field(3, ge=1, description="Steps the median must stay below the threshold.")
+    recover_window: int = Field(
+        20,
+        ge=0,
+        le=100_000,
+        description="Steps after a collapse is flagged during which a recovery (or held-out "
+        "accuracy within noise of its best) revokes it; 0 = every flag is final.",
+    )
 
 
 class RunConfig(Section):
@@ -425,33 +718,95 @@ class RunConfig(Section):
         "auto", description="auto picks CUDA when present."
     )
     threads: int = Field(0, ge=0, le=1024, description="CPU threads; 0 = torch default.")
-    gpus: int = Field(1, ge=1, le=64, description="GPUs; more than 1 launches torchrun.")
+    gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Ranks of the run on each node (GPUs; CPU processes on a CPU device); more "
+        "than 1 launches torchrun with that many ranks training one run (the parallel section).",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Hosts the run spans, run.gpus ranks on each (world size nodes x gpus). "
+        "More than 1 is gang-scheduled by the platform's queue on that many workers, joined "
+        "by torchrun's c10d rendezvous; the trainer CLI needs torchrun --nnodes for it.",
+    )
     eval_every: int = Field(10, ge=1, description="Steps between held-out evaluations.")
     checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints.")
     stop_on_collapse: bool = Field(False, description="End the run at the collapse step.")
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)
 
 
+# --------------------------------------------------------------------------- parallel
+class ParallelConfig(Section):
+    """How the ``run.gpus`` ranks torchrun starts share one run (docs/distributed.md)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model, gradients are averaged "
+        "(DistributedDataParallel); fsdp: parameters, gradients and optimizer state are "
+        "sharded over the ranks (FSDP2 fully_shard, one unit per transformer block), for "
+        "models that do not fit one device. Used only when run.gpus > 1.",
+    )
+    expert_parallel: int = Field(
+        1,
+        ge=1,
+        le=512,
+        description="Ranks each MoE layer's experts are sharded over (tokens travel to "
+        "their experts' rank and back with all_to_all); 1 = off. run.gpus = data-parallel "
+        "x expert_parallel; must divide model.n_experts and run.gpus; ddp only.",
+    )
+    timeout_s: float = Field(
+        600.0,
+        ge=5.0,
+        le=86_400.0,
+        description="Seconds the rendezvous and every collective may wait; a rank that "
+        "died makes the others fail with a timeout error after this long instead of hanging.",
+    )
+
+
+# Switches whose statistics are not yet reduced across ranks: rejected with run.gpus > 1.
+_SINGLE_RANK_ONLY = {
+    "stabilizers.surgery.enabled": "gradient surgery projects per-rank gradients",
+    "stabilizers.balance.router_kl_coef": "the router-KL anchor is a per-rank marginal",
+    "algorithm.advantage.ema_decay": "the reward EMA would see one rank's rewards",
+    "algorithm.advantage.expert_zscore": "expert z-scores would use one rank's groups",
+}
+
+
 # --------------------------------------------------------------------------- root
 class ExperimentConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     stabilizers: StabilizersConfig = Field(default_factory=StabilizersConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_old_shape(cls, data: Any) -> Any:
+        """Rewrite the previous release's paths (``trainer.config_migration``) with a warning."""
+        data, notes = migrate(data)
+        for note in notes:
+            warnings.warn(note, ConfigDeprecationWarning, stacklevel=2)
+        return data
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> ExperimentConfig:
+        st = self.stabilizers
         moe_only = {
-            "stabilizers.routing_replay": self.stabilizers.routing_replay != "none",
-            "stabilizers.aux_loss_coef": self.stabilizers.aux_loss_coef > 0,
-            "stabilizers.z_loss_coef": self.stabilizers.z_loss_coef > 0,
-            "stabilizers.router_kl_coef": self.stabilizers.router_kl_coef > 0,
-            "stabilizers.aux_free_bias": self.stabilizers.aux_free_bias,
-            "stabilizers.noisy_gating": self.stabilizers.noisy_gating,
+            "stabilizers.replay.mode": st.replay.mode != "none",
+            "stabilizers.balance.aux_loss_coef": st.balance.aux_loss_coef > 0,
+            "stabilizers.balance.z_loss_coef": st.balance.z_loss_coef > 0,
+            "stabilizers.balance.router_kl_coef": st.balance.router_kl_coef > 0,
+            "stabilizers.balance.aux_free_bias": st.balance.aux_free_bias,
+            "stabilizers.noisy_gating.enabled": st.noisy_gating.enabled,
         }
         if not self.model.is_moe:
             on = [path for path, active in moe_only.items() if active]
@@ -467,7 +822,59 @@ class ExperimentConfig(Section):
                 "algorithm.advantage.expert_zscore: expert z-scored advantages need an MoE model and "
                 "expert_zscore_layer < model.n_layers"
             )
+        self._check_parallel()
         return self
+
+    def _check_parallel(self) -> None:
+        """Combinations of several ranks (run.gpus x run.nodes > 1) that cannot run, as
+        field errors before any rank starts."""
+        ranks = self.run.gpus * self.run.nodes
+        ep = self.parallel.expert_parallel
+        if ep > 1:
+            problem = None
+            if not self.model.is_moe:
+                problem = "needs an MoE model; set model.n_experts > 0 or expert_parallel=1"
+            elif self.model.n_experts % ep:
+                problem = f"must divide model.n_experts={self.model.n_experts}"
+            elif ranks % ep:
+                problem = (
+                    f"must divide the {ranks} ranks (run.gpus x run.nodes = data-parallel x {ep})"
+                )
+            elif self.parallel.strategy != "ddp":
+                problem = "works with parallel.strategy=ddp only; set strategy=ddp"
+            if problem:
+                raise ValueError(f"parallel.expert_parallel: {ep} {problem}")
+        if ranks == 1:
+            return
+        if self.rollout.prompts_per_step < ranks:
+            raise ValueError(
+                f"rollout.prompts_per_step: {self.rollout.prompts_per_step} prompts cannot give "
+                f"each of its {ranks} ranks (run.gpus x run.nodes) a prompt; raise it to >= {ranks} "
+                "or lower run.gpus"
+            )
+        ramp = self.optim.batch_ramp_start
+        if ramp is not None and ramp < ranks:
+            raise ValueError(
+                f"optim.batch_ramp_start: {ramp} prompts at step 0 cannot give each of "
+                f"its {ranks} ranks (run.gpus x run.nodes) a prompt; raise it to >= {ranks}"
+            )
+        active = {
+            "stabilizers.surgery.enabled": self.stabilizers.surgery.enabled,
+            "stabilizers.balance.router_kl_coef": self.stabilizers.balance.router_kl_coef > 0,
+            "algorithm.advantage.ema_decay": self.algorithm.advantage.ema_decay > 0,
+            "algorithm.advantage.expert_zscore": self.algorithm.advantage.expert_zscore,
+        }
+        for path, on in active.items():
+            if on:
+                raise ValueError(
+                    f"{path}: not supported with run.gpus > 1 ({_SINGLE_RANK_ONLY[path]}); "
+                    "turn it off or set run.gpus=1"
+                )
+        if self.parallel.strategy == "fsdp" and self.optim.per_expert_grad_clip > 0:
+            raise ValueError(
+                "optim.per_expert_grad_clip: per-expert clipping needs whole expert gradients, "
+                "which fsdp shards; set parallel.strategy=ddp or per_expert_grad_clip=0"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -481,64 +888,7 @@ class ExperimentConfig(Section):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# --------------------------------------------------------------------------- errors
-class ConfigError(ValueError):
-    """A config failed validation; ``errors`` maps dotted field paths to messages."""
-
-    def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{path}: {msg}" if path else msg for path, msg in errors))
-
-    def as_dict(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for path, msg in self.errors:
-            out.setdefault(path or "__all__", []).append(msg)
-        return out
-
-
-_FIELD_PREFIX = re.compile(r"^([a-z_][a-z0-9_.]*): ")
-
-
-def _errors_from_pydantic(exc: ValidationError) -> list[tuple[str, str]]:
-    errors = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling against `python -m trainer schema`"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-            # Model validators name their field as "field: message" (see _check_*).
-            match = _FIELD_PREFIX.match(msg)
-            if match:
-                path = ".".join(p for p in (path, match.group(1)) if p)
-                msg = msg[match.end() :]
-        errors.append((path, msg))
-    return errors
-
-
-# --------------------------------------------------------------------------- API
-def validate_config(data: dict[str, Any]) -> ExperimentConfig:
-    """Validate a (possibly partial) nested dict; raise ConfigError naming fields.
-
-    Checks types, ranges and cross-field rules, then that the task's prompts
-    and responses fit ``rollout.max_new_tokens`` and ``model.max_seq_len``.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError([("", "the config must be a JSON object")])
-    try:
-        cfg = ExperimentConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_errors_from_pydantic(exc)) from None
-    # Lengths depend on the task's formats, so they are checked against the task itself.
-    from trainer.tasks.factory import check_lengths
-
-    errors = check_lengths(cfg)
-    if errors:
-        raise ConfigError(errors)
-    return cfg
-
-
+# --------------------------------------------------------------------------- dict helpers
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """Recursively merge ``override`` into a copy of ``base`` (lists are replaced)."""
     out = copy.deepcopy(base)
@@ -553,11 +903,11 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse ``a.b.c=value``; the value is JSON when it parses, else a plain string."""
     if "=" not in item:
-        raise ConfigError([(item, "an override must look like section.field=value")])
+        raise FieldError([(item, "an override must look like section.field=value")])
     path, raw = item.split("=", 1)
     keys = [k for k in path.strip().split(".") if k]
     if not keys:
-        raise ConfigError([(item, "an override needs a field path before '='")])
+        raise FieldError([(item, "an override needs a field path before '='")])
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
@@ -576,7 +926,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[key] = {}
             elif not isinstance(child, dict):
-                raise ConfigError([(".".join(keys), f"'{key}' is not a section")])
+                raise FieldError([(".".join(keys), f"'{key}' is not a section")])
             node = child
         node[keys[-1]] = value
     return out

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer import metric_keys as K
-from trainer.config import apply_overrides, validate_config
+from trainer.config import apply_overrides
 from trainer.presets import preset_dict
 from trainer.run_files import read_metrics
 from trainer.runner import train
+from trainer.validation import validate_config
 
 DEMO_VARIANTS = ("dense-grpo", "moe-grpo", "moe-grpo-r3")
 

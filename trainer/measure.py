@@ -1,4 +1,4 @@
-"""Mismatch and expert metrics (DESIGN.md 3.4); keys from ``trainer.metric_keys``.
+"""Mismatch and expert metrics (docs/design.md, "metric keys"); keys from ``trainer.metric_keys``.
 
 Training-inference mismatch is measured by a training forward on the rollout's
 own tokens before the update: token log-probs (k1, k3, extreme tokens) and the
@@ -14,7 +14,7 @@ Everything returns plain floats (or lists of floats) ready for metrics.jsonl.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -22,6 +22,9 @@ from torch import Tensor
 
 from trainer import metric_keys as mk
 from trainer.algorithms.losses import masked_max, masked_mean
+
+# All-reduce SUM across ranks (``DistContext.sum``); None = this process only.
+SumRanks = Callable[[Tensor], Tensor]
 
 # A token is "extreme" when pi_train and pi_rollout differ by more than this factor.
 EXTREME_RATIO = 2.0
@@ -114,16 +117,29 @@ def routing_mismatch(a: Sequence[Tensor], b: Sequence[Tensor], mask: Tensor) -> 
 
 
 # --------------------------------------------------------------------------- expert load
-def expert_load(indices: Tensor, mask: Tensor, n_experts: int) -> Tensor:
-    """Share of routed assignments per expert, ``(E,)`` fp32 summing to 1.
-
-    ``indices (B, T, k)``, ``mask (B, T)``: every masked token contributes k
-    assignments (one per slot). All zeros when no token is masked.
-    """
+def expert_counts(indices: Tensor, mask: Tensor, n_experts: int) -> Tensor:
+    """Routed assignments per expert, ``(E,)`` fp32: every masked token of
+    ``indices (B, T, k)`` / ``mask (B, T)`` adds one per slot. Counts (not shares)
+    are what ranks sum (trainer.distributed)."""
     k = indices.shape[-1]
     weights = mask.to(torch.float32)[..., None].expand(*mask.shape, k).reshape(-1)
     counts = torch.zeros(n_experts, dtype=torch.float32, device=indices.device)
     counts.scatter_add_(0, indices.long().reshape(-1), weights)
+    return counts
+
+
+def expert_load(
+    indices: Tensor, mask: Tensor, n_experts: int, sum_ranks: SumRanks | None = None
+) -> Tensor:
+    """Share of routed assignments per expert, ``(E,)`` fp32 summing to 1.
+
+    ``indices (B, T, k)``, ``mask (B, T)``: every masked token contributes k
+    assignments (one per slot). All zeros when no token is masked. ``sum_ranks``
+    (``DistContext.sum``) makes it the share over every rank's tokens.
+    """
+    counts = expert_counts(indices, mask, n_experts)
+    if sum_ranks is not None:
+        counts = sum_ranks(counts).to(torch.float32).to(indices.device)
     return counts / counts.sum().clamp_min(1.0)
 
 
@@ -178,6 +194,7 @@ def expert_stats(
     n_experts: int,
     indices_attr: str = "used_indices",
     utilization_threshold: float = 0.5,
+    sum_ranks: SumRanks | None = None,
 ) -> dict[str, float | list[float]]:
     """Expert metrics for one forward, one entry per MoE layer in ``routings``.
 
@@ -186,7 +203,9 @@ def expert_stats(
     the layer actually ran) or a bare ``(B, T, k)`` index tensor (then no router
     entropy). Returns ``experts/load/L{i}`` (list of E shares per layer) and
     the means over layers of ``experts/utilization``, ``experts/max_violation``
-    and, when probabilities are given, ``experts/router_entropy``.
+    and, when probabilities are given, ``experts/router_entropy``. ``sum_ranks``
+    (``DistContext.sum``) makes every number one over all ranks' tokens (counts and
+    entropy sums are reduced, never per-rank means).
     """
     out: dict[str, float | list[float]] = {}
     utils, violations, entropies = [], [], []
@@ -195,12 +214,17 @@ def expert_stats(
             indices, probs = routing, None
         else:
             indices, probs = getattr(routing, indices_attr), routing.probs
-        load = expert_load(indices, mask, n_experts)
+        load = expert_load(indices, mask, n_experts, sum_ranks)
         out[mk.experts_load(i)] = load.tolist()
         utils.append(utilization(load, utilization_threshold))
         violations.append(max_violation(load))
         if probs is not None:
-            entropies.append(router_entropy(probs, mask))
+            entropy = router_entropy(probs, mask)
+            if sum_ranks is not None:
+                n_tok = float(mask.float().sum())
+                total = sum_ranks(torch.tensor([entropy * n_tok, n_tok]))
+                entropy = float(total[0] / total[1]) if total[1] > 0 else 0.0
+            entropies.append(entropy)
     if utils:
         out[mk.EXPERTS_UTILIZATION] = sum(utils) / len(utils)
         out[mk.EXPERTS_MAX_VIOLATION] = sum(violations) / len(violations)

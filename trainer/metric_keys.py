@@ -1,11 +1,18 @@
-"""The one module of metric keys (DESIGN.md 3.4).
+"""The one module of metric keys (docs/design.md, section 3.4).
 
 The trainer writes these keys to ``metrics.jsonl``; the platform stores them;
 the dashboards read them. Keys are slash namespaces. Per-layer expert load is
 a vector under ``experts/load/L{i}``.
+
+``METRIC_SPECS`` (end of this module) says how each metric is shown: its
+title, axis format and unit, whether only an MoE model logs it, and which
+section of the run page (and whether the experiment page) charts it. Charting
+a new metric on the dashboards is one ``MetricSpec`` entry there.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 STEP = "step"
 
@@ -70,7 +77,32 @@ TIME_ROLLOUT_S = "time/rollout_s"
 TIME_MISMATCH_S = "time/mismatch_s"
 TIME_TRAIN_S = "time/train_s"
 TIME_STEP_S = "time/step_s"
+# Seconds to load the policy's weights into the rollout engine this step (part of
+# time/rollout_s), as RL systems that separate training and inference report it.
+TIME_WEIGHT_SYNC_S = "time/weight_sync_s"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
+
+# warm start: the supervised phase before step 0, reported in RUN_DIR/progress.json
+# (trainer/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
+PHASE = "phase"  # progress.json: "warmstart" while the base policy trains, then "training"
+PHASE_WARMSTART = "warmstart"
+PHASE_TRAINING = "training"
+WARMSTART_STEP = "warmstart/step"  # SFT steps done
+WARMSTART_MAX_STEPS = "warmstart/max_steps"  # warm_start.max_steps: the most it may take
+WARMSTART_LOSS = "warmstart/loss"
+WARMSTART_ACCURACY = "warmstart/accuracy"  # greedy held-out accuracy at the last check
+WARMSTART_TARGET = "warmstart/target"  # warm_start.target_accuracy_low: where it stops
+WARMSTART_ETA_S = "warmstart/eta_s"  # seconds left, estimated (null: not known yet)
+WARMSTART_CACHED = "warmstart/cached"  # true: the base policy came from the cache
+WARMSTART_KEYS: tuple[str, ...] = (
+    WARMSTART_STEP,
+    WARMSTART_MAX_STEPS,
+    WARMSTART_LOSS,
+    WARMSTART_ACCURACY,
+    WARMSTART_TARGET,
+    WARMSTART_ETA_S,
+    WARMSTART_CACHED,
+)
 
 SCALAR_KEYS: tuple[str, ...] = (
     REWARD_MEAN,
@@ -114,6 +146,7 @@ SCALAR_KEYS: tuple[str, ...] = (
     TIME_MISMATCH_S,
     TIME_TRAIN_S,
     TIME_STEP_S,
+    TIME_WEIGHT_SYNC_S,
     THROUGHPUT_TOKENS_PER_S,
 )
 
@@ -123,7 +156,7 @@ def is_vector_key(key: str) -> bool:
     return key.startswith(EXPERTS_LOAD_PREFIX)
 
 
-# Summary fields (RUN_DIR/summary.json, DESIGN.md 3.2)
+# Summary fields (RUN_DIR/summary.json, docs/design.md 3.4)
 SUMMARY_FIELDS: tuple[str, ...] = (
     "status",  # succeeded | failed | cancelled
     "collapsed",
@@ -135,3 +168,146 @@ SUMMARY_FIELDS: tuple[str, ...] = (
     "steps",
     "wall_time_s",
 )
+
+
+# --------------------------------------------------------------------------- display registry
+@dataclass(frozen=True)
+class MetricSpec:
+    """How the dashboards show one scalar metric.
+
+    key: the metric key. title: the chart's title and y-axis label.
+    unit: "share" for a fraction in [0, 1] (a percent axis that never goes below
+    0), else a free-text unit ("s", "tokens/s") shown after the title, or "".
+    moe_only: a dense model never logs it (its charts are left out there).
+    section: the run page section that charts it (one of RUN_PAGE_SECTIONS, or a
+    new title, shown after those); None: not charted on the run page.
+    experiment_page: also charted on the experiment page (variants over seeds).
+    log_scale: a logarithmic y axis (quantities spanning orders of magnitude).
+    scale: values are shown multiplied by it, the unit naming it ("×1e-3"): one
+    notation on every chart and table (never Plotly's SI prefixes, "40μ").
+    """
+
+    key: str
+    title: str
+    unit: str = ""
+    moe_only: bool = False
+    section: str | None = None
+    experiment_page: bool = False
+    log_scale: bool = False
+    scale: float = 1.0
+
+    @property
+    def is_share(self) -> bool:
+        return self.unit == "share"
+
+    @property
+    def axis_format(self) -> str:
+        """Plotly tickformat of the y axis ("" lets Plotly choose)."""
+        return ".0%" if self.is_share else ""
+
+    @property
+    def hover_format(self) -> str:
+        return ".2%" if self.is_share else ".4g"
+
+    @property
+    def axis_title(self) -> str:
+        return f"{self.title} ({self.unit})" if self.unit and not self.is_share else self.title
+
+
+# The run page's sections, in page order.
+SECTION_REWARD = "Reward and accuracy"
+SECTION_MISMATCH = "Training-inference mismatch"
+SECTION_BALANCE = "Expert balance"
+SECTION_TEMPERATURE = "Router temperature"
+SECTION_GRADIENTS = "Gradients"
+SECTION_CLIPPING = "Clipping and importance sampling"
+RUN_PAGE_SECTIONS: tuple[str, ...] = (
+    SECTION_REWARD,
+    SECTION_MISMATCH,
+    SECTION_BALANCE,
+    SECTION_TEMPERATURE,
+    SECTION_GRADIENTS,
+    SECTION_CLIPPING,
+)
+
+SHARE = "share"
+# Training-inference KL is ~1e-5..1e-2: shown in thousandths everywhere.
+KL_UNIT = "×1e-3"
+KL_SCALE = 1e3
+
+# Registry order is chart order within a section and on the experiment page.
+_SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec(REWARD_MEAN, "mean reward", section=SECTION_REWARD),
+    MetricSpec(
+        REWARD_ACCURACY, "accuracy (train batch)", SHARE,
+        section=SECTION_REWARD, experiment_page=True,
+    ),
+    MetricSpec(
+        EVAL_ACCURACY, "accuracy (held-out)", SHARE,
+        section=SECTION_REWARD, experiment_page=True,
+    ),
+    MetricSpec(RESPONSE_LENGTH_MEAN, "mean response length", "tokens"),
+    MetricSpec(
+        MISMATCH_KL_K1, "training-inference KL (k1)", KL_UNIT,
+        section=SECTION_MISMATCH, scale=KL_SCALE,
+    ),
+    MetricSpec(
+        MISMATCH_KL_K3, "training-inference KL (k3)", KL_UNIT,
+        section=SECTION_MISMATCH, experiment_page=True, scale=KL_SCALE,
+    ),
+    MetricSpec(MISMATCH_KL_K3_MAX, "largest per-sequence KL (k3)", KL_UNIT, scale=KL_SCALE),
+    MetricSpec(
+        MISMATCH_EXTREME_TOKEN_FRAC, "extreme-token share", SHARE,
+        section=SECTION_MISMATCH, experiment_page=True,
+    ),
+    MetricSpec(
+        MISMATCH_ROUTING_INCONSISTENCY, "routing inconsistency", SHARE,
+        moe_only=True, section=SECTION_MISMATCH, experiment_page=True,
+    ),
+    MetricSpec(
+        MISMATCH_TOKEN_ANY_LAYER_FRAC, "tokens routed differently in any layer", SHARE,
+        moe_only=True,
+    ),
+    MetricSpec(MISMATCH_SDI, "sequence disagreement index", SHARE, moe_only=True),
+    MetricSpec(
+        MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY, MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY, SHARE,
+        moe_only=True,
+    ),
+    MetricSpec(EXPERTS_UTILIZATION, "expert utilization", moe_only=True),
+    MetricSpec(
+        EXPERTS_MAX_VIOLATION, "MaxVio",
+        moe_only=True, section=SECTION_BALANCE, experiment_page=True,
+    ),
+    MetricSpec(EXPERTS_ROUTER_ENTROPY, "router entropy", moe_only=True, section=SECTION_BALANCE),
+    MetricSpec(
+        ROUTER_TEMPERATURE, "router temperature", moe_only=True, section=SECTION_TEMPERATURE
+    ),
+    MetricSpec(
+        POLICY_GRAD_NORM, "gradient norm", section=SECTION_GRADIENTS, experiment_page=True
+    ),
+    MetricSpec(
+        GRADS_COS_POLICY_AUX, "cos(policy grad, aux grad)",
+        moe_only=True, section=SECTION_GRADIENTS,
+    ),
+    MetricSpec(
+        GRADS_SURGERY_FRAC, "gradient-surgery share", SHARE,
+        moe_only=True, section=SECTION_GRADIENTS,
+    ),
+    MetricSpec(POLICY_CLIP_FRAC, "PPO clip share", SHARE, section=SECTION_CLIPPING),
+    MetricSpec(TIS_CLIP_FRAC, "TIS clip share", SHARE, section=SECTION_CLIPPING),
+    MetricSpec(TIS_MASKED_FRAC, TIS_MASKED_FRAC, SHARE),
+    MetricSpec(R3_REPLAYED_FRAC, R3_REPLAYED_FRAC, SHARE, moe_only=True),
+)  # fmt: skip
+
+# key -> spec. The dashboards read it at call time, so an added entry shows up
+# without any other change.
+METRIC_SPECS: dict[str, MetricSpec] = {spec.key: spec for spec in _SPECS}
+
+
+def metric_spec(key: str) -> MetricSpec:
+    """The key's spec; an unlisted key (or a per-layer load vector) gets a plain one."""
+    if key in METRIC_SPECS:
+        return METRIC_SPECS[key]
+    if is_vector_key(key):
+        return MetricSpec(key, f"expert load, layer {key.removeprefix(EXPERTS_LOAD_PREFIX)}")
+    return MetricSpec(key, key)

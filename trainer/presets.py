@@ -1,7 +1,7 @@
 """Named presets: partial configs layered over the schema defaults.
 
 A preset is data, never a code path: ``resolve_preset(name)`` returns a plain
-dict that ``trainer.config.validate_config`` accepts, and ``--set`` overrides
+dict that ``trainer.validation.validate_config`` accepts, and ``--set`` overrides
 go on top of it. Tiny presets run on a 2-core CPU; ``gpu-*`` presets are the
 seeds' GPU scale (12-layer dense, MoE-16, MoE-32).
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import ConfigError, ExperimentConfig, deep_merge, validate_config
+from trainer.config import ExperimentConfig, deep_merge
+from trainer.errors import FieldError
+from trainer.validation import validate_config
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ _PRESETS: list[Preset] = [
     Preset(
         "moe-grpo-r3",
         "Tiny MoE GRPO with Rollout Routing Replay (R3).",
-        {"stabilizers": {"routing_replay": "r3"}},
+        {"stabilizers": {"replay": {"mode": "r3"}}},
         base="moe-grpo",
     ),
     Preset(
@@ -100,9 +102,7 @@ _PRESETS: list[Preset] = [
         "(10% at step 0, shrinking linearly to 0) keeps the training router's own choice.",
         {
             "stabilizers": {
-                "routing_replay": "r3",
-                "replay_warmup_steps": 20,
-                "replay_warmup_keep_frac": 0.1,
+                "replay": {"mode": "r3", "warmup_steps": 20, "warmup_keep_frac": 0.1},
             }
         },
         base="moe-grpo",
@@ -110,13 +110,13 @@ _PRESETS: list[Preset] = [
     Preset(
         "moe-grpo-r3-rle",
         "Tiny MoE GRPO with R3, routing shipped run-length encoded (storage comparison).",
-        {"stabilizers": {"routing_replay": "r3", "replay_compression": "rle"}},
+        {"stabilizers": {"replay": {"mode": "r3", "compression": "rle"}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-r2",
         "Tiny MoE GRPO replaying the old policy's routing (R2).",
-        {"stabilizers": {"routing_replay": "r2"}},
+        {"stabilizers": {"replay": {"mode": "r2"}}},
         base="moe-grpo",
     ),
     Preset(
@@ -128,7 +128,7 @@ _PRESETS: list[Preset] = [
     Preset(
         "moe-gspo-r3",
         "Tiny MoE, GSPO with R3.",
-        {"algorithm": {"name": "gspo"}, "stabilizers": {"routing_replay": "r3"}},
+        {"algorithm": {"name": "gspo"}, "stabilizers": {"replay": {"mode": "r3"}}},
         base="moe-grpo",
     ),
     Preset(
@@ -140,67 +140,72 @@ _PRESETS: list[Preset] = [
     Preset(
         "moe-grpo-tis",
         "Tiny MoE GRPO with truncated importance sampling (C=2).",
-        {"stabilizers": {"is_correction": "tis"}},
+        {"stabilizers": {"is_correction": {"kind": "tis"}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-mis",
         "Tiny MoE GRPO masking sequences whose geometric-mean ratio leaves [0.5, 2] (MIS).",
-        {"stabilizers": {"is_correction": "mis"}},
+        {"stabilizers": {"is_correction": {"kind": "mis"}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-icepop",
         "Tiny MoE GRPO with IcePop: tokens with ratio outside [0.5, 5] get zero weight.",
-        {"stabilizers": {"is_correction": "icepop"}},
+        {"stabilizers": {"is_correction": {"kind": "icepop"}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-auxloss",
         "Tiny MoE GRPO with the Switch load-balancing loss (alpha 0.01, whole batch).",
-        {"stabilizers": {"aux_loss_coef": 0.01}},
+        {"stabilizers": {"balance": {"aux_loss_coef": 0.01}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-auxloss-seq",
         "Tiny MoE GRPO with the per-sequence Switch load-balancing loss (alpha 0.01).",
-        {"stabilizers": {"aux_loss_coef": 0.01, "aux_loss_scope": "sequence"}},
+        {"stabilizers": {"balance": {"aux_loss_coef": 0.01, "aux_loss_scope": "sequence"}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-zloss",
         "Tiny MoE GRPO with the ST-MoE router z-loss (1e-3).",
-        {"stabilizers": {"z_loss_coef": 1e-3}},
+        {"stabilizers": {"balance": {"z_loss_coef": 1e-3}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-auxfree",
         "Tiny MoE GRPO with DeepSeek-V3 auxiliary-loss-free balancing (selection bias, u=1e-3).",
-        {"stabilizers": {"aux_free_bias": True, "aux_free_bias_rate": 1e-3}},
+        {"stabilizers": {"balance": {"aux_free_bias": True, "aux_free_bias_rate": 1e-3}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-router-kl",
         "Tiny MoE GRPO with the router-anchoring KL to the last 4 steps' routing (0.1).",
-        {"stabilizers": {"router_kl_coef": 0.1, "router_kl_buffer_steps": 4}},
+        {"stabilizers": {"balance": {"router_kl_coef": 0.1, "router_kl_buffer_steps": 4}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-lb",
         "Tiny MoE GRPO with aux + z loss, no surgery (the control for moe-grpo-lb-surgery).",
-        {"stabilizers": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3}},
+        {"stabilizers": {"balance": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3}}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-lb-surgery",
         "Tiny MoE GRPO with aux + z loss and PCGrad surgery against the policy gradient.",
-        {"stabilizers": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3, "gradient_surgery": True}},
+        {
+            "stabilizers": {
+                "balance": {"aux_loss_coef": 0.01, "z_loss_coef": 1e-3},
+                "surgery": {"enabled": True},
+            }
+        },
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-lb-surgery-all",
         "As moe-grpo-lb-surgery, with surgery on every parameter the losses share.",
-        {"stabilizers": {"surgery_scope": "all"}},
+        {"stabilizers": {"surgery": {"scope": "all"}}},
         base="moe-grpo-lb-surgery",
     ),
     Preset(
@@ -213,7 +218,7 @@ _PRESETS: list[Preset] = [
     Preset(
         "moe-grpo-noisy",
         "Tiny MoE GRPO with noisy top-k gating (learned softplus scale, training only).",
-        {"stabilizers": {"noisy_gating": True}},
+        {"stabilizers": {"noisy_gating": {"enabled": True}}},
         base="moe-grpo",
     ),
     Preset(
@@ -222,7 +227,7 @@ _PRESETS: list[Preset] = [
         "temperature changes selection.",
         {
             "stabilizers": {
-                "noisy_gating": True,
+                "noisy_gating": {"enabled": True},
                 "router_temperature": {"enabled": True, "interval": 10},
             }
         },
@@ -231,13 +236,13 @@ _PRESETS: list[Preset] = [
     Preset(
         "moe-grpo-expert-clip",
         "Tiny MoE GRPO clipping each expert's gradient norm to 1 before the global clip.",
-        {"stabilizers": {"per_expert_grad_clip": 1.0}},
+        {"optim": {"per_expert_grad_clip": 1.0}},
         base="moe-grpo",
     ),
     Preset(
         "moe-grpo-router-lr",
         "Tiny MoE GRPO with the router learning rate scaled by 0.1 (experts unchanged).",
-        {"stabilizers": {"router_lr_scale": 0.1}},
+        {"optim": {"router_lr_scale": 0.1}},
         base="moe-grpo",
     ),
     Preset(
@@ -270,6 +275,17 @@ _PRESETS: list[Preset] = [
         base="moe-grpo",
     ),
     Preset(
+        "text-grpo",
+        "Tiny MoE GRPO on the shipped word problems (GSM8K format, numeric verifier); "
+        "UTF-8 bytes on the builtin model, the checkpoint's tokenizer with model.source.",
+        {
+            "model": {"max_seq_len": 128},
+            "task": {"name": "text", "data_file": "word_problems.jsonl", "verifier": "numeric"},
+            "rollout": {"max_new_tokens": 32},
+        },
+        base="moe-grpo",
+    ),
+    Preset(
         "gpu-dense-grpo",
         "GPU scale: 12-layer dense transformer, GRPO.",
         deep_merge(_GPU_BASE, {"model": {"n_experts": 0, "dense_hidden": 3072}}),
@@ -287,7 +303,7 @@ _PRESETS: list[Preset] = [
     Preset(
         "gpu-moe16-grpo-r3",
         "GPU scale: MoE-16 GRPO with R3.",
-        {"stabilizers": {"routing_replay": "r3"}},
+        {"stabilizers": {"replay": {"mode": "r3"}}},
         base="gpu-moe16-grpo",
     ),
 ]
@@ -299,9 +315,13 @@ def preset_dict(name: str) -> dict[str, Any]:
     """The preset's partial config as a nested dict (bases applied)."""
     if name not in PRESETS:
         known = ", ".join(sorted(PRESETS))
-        raise ConfigError([("preset", f"unknown preset '{name}'; choose one of: {known}")])
+        raise FieldError([("preset", f"unknown preset '{name}'; choose one of: {known}")])
     preset = PRESETS[name]
     base = preset_dict(preset.base) if preset.base else {}
+    kind = preset.overrides.get("task", {}).get("name")
+    if kind is not None and kind != base.get("task", {}).get("name"):
+        # Another task kind has other fields: its section starts afresh.
+        base.pop("task", None)
     return deep_merge(base, preset.overrides)
 
 

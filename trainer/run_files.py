@@ -1,4 +1,4 @@
-"""The run folder's files (DESIGN.md 3.2): config.json, metrics.jsonl, summary.json.
+"""The run folder's files (docs/design.md, "run folder"): config.json, metrics.jsonl, summary.json.
 
 metrics.jsonl gets one JSON object per step, flushed as it is written so a
 platform worker can tail it. On resume, lines past the checkpoint's step are
@@ -16,6 +16,12 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
+LOG_FILE = "trainer.log"  # the child's stdout/stderr, written by the platform worker
+CHECKPOINT_DIR = "checkpoints"  # resumable state (trainer.checkpoint)
+PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/warmstart_progress.py)
+# A rank's own exit code, when it means something to the platform (bad config,
+# folder busy, lease expired): torchrun reports any failed rank as exit 1.
+EXIT_CODE_FILE = "exit_code"
 
 
 def _clean(value: Any) -> Any:
@@ -31,6 +37,25 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
     os.replace(tmp, path)
+
+
+def parse_metric_lines(blob: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """(the JSON objects of the complete lines of ``blob``, the partial tail after its
+    last newline): an incremental reader keeps the tail, a line still being written,
+    for its next read. A complete line that is not a JSON object (torn by a crash,
+    foreign) is skipped, never fatal."""
+    end = blob.rfind(b"\n") + 1
+    records = []
+    for line in blob[:end].splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, blob[end:]
 
 
 class MetricsWriter:
@@ -65,14 +90,27 @@ class MetricsWriter:
         self._fh.close()
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / METRICS_FILE
-    if not path.exists():
+def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete record of a metrics.jsonl file, in order; [] when it is missing.
+
+    A line that does not parse (the torn last line of a run still writing, or of
+    one killed mid-write) is skipped, so readers can tail a live file.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            out.append(record)
     return out
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """``read_metrics_jsonl`` of RUN_DIR/metrics.jsonl."""
+    return read_metrics_jsonl(Path(run_dir) / METRICS_FILE)

@@ -13,7 +13,15 @@ One step:
                  then the routing controllers (aux-free bias, temperature)
   6. record    - metrics.jsonl line, collapse check, eval, checkpoint
 
-SIGTERM finishes the current step, checkpoints and ends with status cancelled.
+SIGTERM finishes the current step, checkpoints and ends with status cancelled
+(during the warm start: at the next SFT step, status cancelled, no checkpoint).
+
+Started by torchrun (run.gpus > 1), every rank runs this loop on its share of
+the step's prompts and every statistic is reduced over the ranks; rank 0 alone
+writes the run folder (trainer/distributed.py, docs/distributed.md).
+The trainer holds the run folder's lock for its whole life and, under a
+supervisor, stops without a checkpoint once its lease expires
+(trainer/run_guard.py).
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,19 +41,45 @@ from typing import Any
 import torch
 
 from trainer import metric_keys as K
-from trainer.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
+from trainer.checkpoint import (
+    check_world_size,
+    gather_objects,
+    gather_rng_states,
+    load_checkpoint,
+    load_sharded,
+    prune_sharded,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    save_sharded,
+)
 from trainer.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
 from trainer.data import collate_prompts, decode_responses, repeat_for_groups
+from trainer.distributed import (
+    SINGLE,
+    DistContext,
+    full_state_dict,
+    init_distributed,
+    rank_device,
+    shutdown_distributed,
+)
 from trainer.evaluation import greedy_accuracy
+from trainer.hf.loader import resolve_model_source
+from trainer.hf.tokenizer import install_checkpoint_tokenizer
 from trainer.model import TransformerLM
+from trainer.model.expert_parallel import expert_shards, slice_expert_shards
+from trainer.precision import cast_parameters
 from trainer.progress import Progress
 from trainer.rollout import RolloutEngine
+from trainer.rollout_data import RolloutData
 from trainer.run_files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
+from trainer.run_guard import Lease, LeaseExpired, RunDirLock
 from trainer.schedules import entropy_coef_at, lr_at, prompts_at
-from trainer.tasks import make_task
-from trainer.update import PolicyUpdater, RolloutData, measure_batch
+from trainer.tasks import Problem, Task, make_task
+from trainer.update import PolicyUpdater, measure_batch
 from trainer.warmstart import train_base_policy
+from trainer.warmstart_progress import WarmStartReporter
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,6 +111,10 @@ class _StopFlag:
         self.requested = True
 
 
+class StopRequested(Exception):
+    """SIGTERM/SIGINT arrived during the warm start (before any RL state exists)."""
+
+
 @dataclass
 class RunState:
     step: int = 0
@@ -84,6 +124,111 @@ class RunState:
     wall_time_s: float = 0.0
 
 
+@dataclass
+class Invocation:
+    """One call of ``train``: where the run goes and how this call may end."""
+
+    cfg: ExperimentConfig
+    run_dir: Path
+    resume: bool
+    stop_after: int | None  # end this call after that many steps (status "stopped")
+    stop: _StopFlag  # SIGTERM/SIGINT asked to end after the current step
+    progress: Progress
+    log: Callable[[str], None]
+    t_start: float
+    lease: Lease  # renewed by the supervisor; never expires without one
+    dist: DistContext = SINGLE
+
+    def interrupt(self) -> None:
+        """Raise when this call must stop now: an expired lease or a stop request."""
+        self.lease.check()
+        if self.stop.requested:
+            raise StopRequested
+
+
+@dataclass
+class RunContext:
+    """What every step of a run shares, built once by ``_build``."""
+
+    cfg: ExperimentConfig
+    device: torch.device
+    task: Task
+    eval_problems: list[Problem]
+    policy: TransformerLM
+    reference: TransformerLM | None  # frozen, for the k3 KL; None when kl_coef == 0
+    engine: RolloutEngine
+    updater: PolicyUpdater  # owns the optimizer and the run's Stabilizers
+    collapse: CollapseDetector
+    py_rng: random.Random  # prompt draws
+    generators: dict[str, torch.Generator]  # "sample": rollouts, "shuffle": minibatches
+    state: RunState
+    dist: DistContext = SINGLE
+
+    def sync_engine(self) -> float:
+        """Load the policy's weights into the rollout engine; returns the seconds it took
+        (metric ``time/weight_sync_s``). Under FSDP the shards are all-gathered first;
+        under expert parallelism the engine keeps this rank's experts and exchanges
+        rows with the group, as the training layers do (no gather)."""
+        t0 = time.perf_counter()
+        if self.dist.ep:
+            if self.engine.expert_shard is None:  # the layout is fixed for the run
+                self.engine.expert_shard = next(iter(expert_shards(self.policy).values()))
+            self.engine.load_weights(self.policy.state_dict())
+        else:
+            self.engine.load_weights(full_state_dict(self.policy, self.dist))
+        return time.perf_counter() - t0
+
+    def evaluate(self) -> float:
+        """Held-out greedy accuracy through the rollout engine (the same way every time).
+        Every rank evaluates the whole held-out set (greedy: the same answer on each)."""
+        self.sync_engine()
+        return greedy_accuracy(
+            self.engine, self.task, self.eval_problems, self.cfg.rollout.max_new_tokens, self.device
+        )
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        """What last.pt holds (a collective over several ranks: every rank calls it).
+
+        Over several ranks it also records the world size and every rank's RNG
+        (``rng_by_rank``); under FSDP the model and optimiser go to a sharded
+        torch.distributed.checkpoint folder instead (trainer.checkpoint).
+        """
+        ep = self.dist.ep
+        return {
+            # Expert parallelism: the whole model, every rank's experts gathered.
+            "policy": None if self.dist.fsdp else full_state_dict(self.policy, self.dist),
+            "reference": (
+                self.reference.state_dict()
+                if self.reference is not None and not self.dist.fsdp
+                else None
+            ),
+            "updater": self.updater.state_dict(),
+            "collapse": self.collapse.state_dict(),
+            "rng": rng_state(self.py_rng, self.generators),
+            "rng_by_rank": gather_rng_states(self.dist, self.py_rng, self.generators),
+            "optimizer_by_rank": (
+                gather_objects(self.dist, self.updater.optimizer.state_dict()) if ep else None
+            ),
+            "world_size": self.dist.world_size,
+            "run_state": self.state.__dict__,
+            "config": self.cfg.to_dict(),
+        }
+
+    def save(self, run_dir: Path) -> None:
+        """Checkpoint the run; over several ranks every rank must call it (rank 0 writes)."""
+        payload = self.checkpoint_payload()
+        sharded = None
+        if self.dist.fsdp:
+            sharded = save_sharded(
+                run_dir, self.state.step, self.policy, self.reference, self.updater.optimizer
+            )
+        if self.dist.is_main:
+            save_checkpoint(run_dir, {**payload, "sharded": sharded})
+            if sharded is not None:
+                prune_sharded(run_dir, keep=sharded)
+        self.dist.barrier()
+
+
 def train(
     cfg: ExperimentConfig,
     run_dir: Path,
@@ -91,162 +236,263 @@ def train(
     resume: bool = False,
     stop_after: int | None = None,
     log=None,
+    lease: Lease | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``run_dir``; returns the summary (also in summary.json).
 
     ``stop_after`` ends this invocation after that many steps with a checkpoint
-    (status "stopped"), so a later ``resume`` continues the same run.
+    (status "stopped"), so a later ``resume`` continues the same run. The run
+    folder is locked for the whole call (``RunDirBusy`` when another trainer
+    holds it); ``lease`` raises ``LeaseExpired`` once the supervisor stops
+    renewing it, leaving no checkpoint and no summary behind.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-    progress = Progress(cfg.run.steps)
-    log = log or progress.message
-    stop = _StopFlag()
-    stop.install()
+    # torchrun's ranks join one process group; without torchrun this is SINGLE.
+    dist = init_distributed(
+        cfg.run.gpus * cfg.run.nodes,
+        resolve_device(cfg.run.device),
+        cfg.parallel.strategy,
+        cfg.parallel.timeout_s,
+        cfg.parallel.expert_parallel,
+    )
+    # Rank 0 owns the run folder: its lock, its log and progress lines.
+    with RunDirLock(run_dir) if dist.is_main else contextlib.nullcontext():
+        quiet = None if dist.is_main else open(os.devnull, "w")  # noqa: SIM115
+        progress = Progress(cfg.run.steps, stream=quiet)
+        inv = Invocation(
+            cfg, run_dir, resume, stop_after, _StopFlag(), progress,
+            (log or progress.message) if dist.is_main else progress.message,
+            time.perf_counter(), lease or Lease(None, 0), dist,
+        )  # fmt: skip
+        inv.stop.install()
+        try:
+            return _train(inv)
+        finally:
+            inv.stop.uninstall()
+            progress.close()
+            if quiet is not None:
+                quiet.close()
+            shutdown_distributed(dist)
+
+
+def _train(inv: Invocation) -> dict[str, Any]:
+    # model.source: the shape comes from the checkpoint's config.json (docs/models.md)
+    cfg = inv.cfg = resolve_model_source(inv.cfg)
+    main = inv.dist.is_main
+    if main:
+        (inv.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     try:
-        return _train(cfg, run_dir, resume, stop_after, stop, progress, log, t_start)
+        ctx = _build(cfg, inv.log, inv.run_dir if main else None, inv.interrupt, inv.dist)
+    except StopRequested:  # cancelled during the warm start: nothing to checkpoint yet
+        collapse = CollapseDetector(cfg.run.collapse)
+        summary = _summary(
+            cfg, RunState(), collapse, "cancelled", time.perf_counter() - inv.t_start
+        )
+        if main:
+            write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
+        return summary
+    resume_step = _restore_or_measure_start(ctx, inv)
+    metrics_out = MetricsWriter(inv.run_dir, resume_from_step=resume_step) if main else None
+    inv.progress.begin(ctx.state.step)
+    try:
+        status = _loop(ctx, inv, metrics_out)
+        inv.lease.check()
+        ctx.save(inv.run_dir)
+    except LeaseExpired:
+        raise  # another attempt may own the run now: write nothing more
+    except Exception as exc:
+        summary = _summary(
+            cfg, ctx.state, ctx.collapse, "failed", time.perf_counter() - inv.t_start
+        )
+        summary["error"] = _error_text(exc, inv.dist)
+        if main:
+            write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
+        raise
     finally:
-        stop.uninstall()
+        if metrics_out is not None:
+            metrics_out.close()
+    summary = _summary(cfg, ctx.state, ctx.collapse, status, ctx.state.wall_time_s)
+    summary.update({"task_data": ctx.task.data_report()} if ctx.task.data_report() else {})
+    if main:
+        write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
+    return summary
 
 
-def _train(cfg, run_dir, resume, stop_after, stop, progress, log, t_start) -> dict[str, Any]:
-    device = resolve_device(cfg.run.device)
+def _build(
+    cfg: ExperimentConfig,
+    log: Callable[[str], None],
+    run_dir: Path | None = None,
+    interrupt: Callable[[], None] | None = None,
+    dist: DistContext = SINGLE,
+) -> RunContext:
+    """Task, SFT base policy, frozen reference, rollout engine, updater, generators.
+    ``interrupt`` is checked at every warm-start step (see ``Invocation.interrupt``).
+    Every rank builds the same policy (same seed; the warm-start cache is shared)."""
+    device = rank_device(resolve_device(cfg.run.device), dist)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-
-    # ---- task, base policy, reference, rollout engine -----------------------------------
     task = make_task(cfg.task)
+    install_checkpoint_tokenizer(task, cfg)  # an imported model speaks its own tokens
+    for name, report in task.data_report().items():  # file tasks: skipped rows, by reason
+        log(
+            f"task.{name}: {report['problems']} problems from {report['rows']} rows, "
+            f"{report['bad_rows']} bad rows skipped {report['bad_row_reasons'] or ''}".rstrip()
+        )
     vocab_size = cfg.model.vocab_size or task.tokenizer.vocab_size
-    base = train_base_policy(cfg, task, vocab_size, device, log=log)
+    # The warm start reports its own phase (RUN_DIR/progress.json, trainer/warmstart_progress.py).
+    reporter = WarmStartReporter(
+        run_dir,
+        max_steps=cfg.warm_start.max_steps,
+        target=cfg.warm_start.target_accuracy_low,
+        log=log,
+    )
+    base = train_base_policy(
+        cfg, task, vocab_size, device, log=log, reporter=reporter, interrupt=interrupt
+    )
     log(
         f"base policy: held-out accuracy {base.accuracy:.3f} after {base.steps} SFT steps"
         + (" (cached)" if base.cached else "")
     )
     torch.manual_seed(cfg.run.seed)
-    is_ppo = cfg.algorithm.name == "ppo"
-    policy = TransformerLM(cfg.model, vocab_size, value_head=is_ppo).to(device)
-    policy.load_state_dict(base.state_dict, strict=not is_ppo)
+    value_head = cfg.algorithm.spec.has_value_head
+    policy = TransformerLM(cfg.model, vocab_size, value_head=value_head).to(device)
+    # The SFT base has no value head: a fresh one is the only missing key allowed.
+    policy.load_state_dict(base.state_dict, strict=not value_head)
+    if not dist.fsdp:
+        # bf16: fp32 masters in the updater. Under FSDP the fp32 shards are the
+        # masters and the all-gathers cast to bf16 (trainer.distributed.shard_model).
+        cast_parameters(policy, cfg.optim.param_dtype)
     reference = None
     if cfg.algorithm.kl_coef > 0:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    engine = RolloutEngine(cfg.model, vocab_size, precision=cfg.rollout.precision, device=device)
-    eval_problems = task.eval_set()
-
-    # ---- state that a checkpoint carries -----------------------------------------------
-    py_rng = random.Random(cfg.run.seed)
     generators = {
-        "sample": torch.Generator(device=device).manual_seed(cfg.run.seed),
+        # Each rank samples its own prompts' responses from its own stream (rank 0's
+        # is the single-process one); the minibatch shuffle is global, the same on all.
+        "sample": torch.Generator(device=device).manual_seed(
+            cfg.run.seed + SAMPLE_SEED_STRIDE * dist.rank
+        ),
         "shuffle": torch.Generator().manual_seed(cfg.run.seed + 1),
     }
-    # Builds the run's Stabilizers too (after the reference copy: noisy gating adds
-    # noise-scale parameters to the policy's routers, never to the frozen reference).
-    updater = PolicyUpdater(cfg, policy, reference, generators["shuffle"])
-    collapse = CollapseDetector(cfg.run.collapse)
-    state = RunState(initial_accuracy=base.accuracy)
+    eval_problems = task.eval_set()
+    return RunContext(
+        cfg=cfg,
+        device=device,
+        task=task,
+        eval_problems=eval_problems,
+        policy=policy,
+        reference=reference,
+        engine=RolloutEngine(cfg.model, vocab_size, precision=cfg.rollout.precision, device=device),
+        # Builds the run's Stabilizers too (after the reference copy: noisy gating adds
+        # noise-scale parameters to the policy's routers, never to the frozen reference).
+        updater=PolicyUpdater(cfg, policy, reference, generators["shuffle"], dist=dist),
+        collapse=CollapseDetector(
+            cfg.run.collapse,
+            samples=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+            eval_samples=len(eval_problems),
+        ),
+        py_rng=random.Random(cfg.run.seed),
+        generators=generators,
+        state=RunState(initial_accuracy=base.accuracy),
+        dist=dist,
+    )
 
-    resume_step = None
-    ckpt = None
-    if resume:
-        ckpt = load_checkpoint(run_dir)
-    if resume and ckpt is not None:
-        policy.load_state_dict(ckpt["policy"])
-        if reference is not None and ckpt.get("reference") is not None:
-            reference.load_state_dict(ckpt["reference"])
-        updater.load_state_dict(ckpt["updater"])
-        collapse.load_state_dict(ckpt["collapse"])
-        restore_rng(ckpt["rng"], py_rng, generators)
-        state = RunState(**ckpt["run_state"])
-        resume_step = state.step - 1
-        log(f"resumed from the checkpoint at step {state.step}")
+
+def _restore_or_measure_start(ctx: RunContext, inv: Invocation) -> int | None:
+    """Resume from the checkpoint (returns the last step kept in metrics.jsonl), or
+    measure the starting policy (returns None: a fresh metrics.jsonl)."""
+    ckpt = load_checkpoint(inv.run_dir) if inv.resume else None
+    if ckpt is None:
+        # Measured the way every later evaluation is, so final - initial is fair.
+        ctx.state.initial_accuracy = ctx.evaluate()
+        return None  # also a resume without a checkpoint: start over
+    check_world_size(ckpt, ctx.dist)
+    if ckpt.get("sharded"):
+        load_sharded(inv.run_dir, ckpt["sharded"], ctx.policy, ctx.reference, ctx.updater.optimizer)
     else:
-        # Held-out accuracy of the starting policy, measured the way every later
-        # evaluation is (the rollout engine, greedy), so final - initial is fair.
-        engine.load_weights(policy.state_dict())
-        state.initial_accuracy = greedy_accuracy(
-            engine, task, eval_problems, cfg.rollout.max_new_tokens, device
-        )
-    metrics_out = MetricsWriter(run_dir, resume_from_step=resume_step if resume else None)
-    progress.start = state.step
+        policy_state = ckpt["policy"]
+        if ctx.dist.ep:  # this rank's slices of the gathered experts
+            policy_state = slice_expert_shards(policy_state, expert_shards(ctx.policy))
+        ctx.policy.load_state_dict(policy_state)
+        if ctx.reference is not None and ckpt.get("reference") is not None:
+            ctx.reference.load_state_dict(ckpt["reference"])
+    ctx.updater.load_state_dict(ckpt["updater"])
+    if ckpt.get("optimizer_by_rank"):
+        ctx.updater.optimizer.load_state_dict(ckpt["optimizer_by_rank"][ctx.dist.rank])
+    ctx.collapse.load_state_dict(ckpt["collapse"])
+    by_rank = ckpt.get("rng_by_rank")
+    restore_rng(by_rank[ctx.dist.rank] if by_rank else ckpt["rng"], ctx.py_rng, ctx.generators)
+    ctx.state = RunState(**ckpt["run_state"])
+    inv.log(f"resumed from the checkpoint at step {ctx.state.step}")
+    return ctx.state.step - 1
 
-    def checkpoint() -> None:
-        save_checkpoint(
-            run_dir,
-            {
-                "policy": policy.state_dict(),
-                "reference": reference.state_dict() if reference is not None else None,
-                "updater": updater.state_dict(),
-                "collapse": collapse.state_dict(),
-                "rng": rng_state(py_rng, generators),
-                "run_state": state.__dict__,
-                "config": cfg.to_dict(),
-            },
-        )
 
-    status = "succeeded"
+def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -> str:
+    """Steps until done, collapse (if it stops the run), a stop request or stop_after."""
+    cfg, state = ctx.cfg, ctx.state
     steps_this_call = 0
     t_segment = time.perf_counter()
     wall_before = state.wall_time_s
-    try:
-        while state.step < cfg.run.steps:
-            step = state.step
-            metrics = _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, device)
-
-            finite = bool(metrics.pop("_finite"))
-            acc = metrics[K.REWARD_ACCURACY]
-            state.accuracy_history.append(acc)
-            if step % cfg.run.eval_every == 0 or step == cfg.run.steps - 1:
-                engine.load_weights(policy.state_dict())
-                eval_acc = greedy_accuracy(
-                    engine, task, eval_problems, cfg.rollout.max_new_tokens, device
-                )
-                metrics[K.EVAL_ACCURACY] = eval_acc
-                state.eval_history.append((step, eval_acc))
-            if collapse.update(step, acc, finite=finite):
-                log(f"collapse at step {collapse.collapse_step}: {collapse.collapse_reason}")
-
+    while state.step < cfg.run.steps:
+        step = state.step
+        inv.lease.check()
+        metrics = _rl_step(ctx, step)
+        _record(ctx, inv, step, metrics)
+        inv.lease.check()  # a step can outlast the lease: never write a lost attempt's step
+        if metrics_out is not None:
             metrics_out.write(step, metrics)
-            state.step = step + 1
-            steps_this_call += 1
-            state.wall_time_s = wall_before + time.perf_counter() - t_segment
-            progress.update(step, {"acc": acc, "kl_k3": metrics.get(K.MISMATCH_KL_K3, 0.0)})
-
-            if collapse.collapsed and cfg.run.stop_on_collapse:
-                break
-            if stop.requested:
-                status = "cancelled"
-                break
-            if stop_after is not None and steps_this_call >= stop_after:
-                status = "stopped"
-                break
-            if state.step % cfg.run.checkpoint_every == 0:
-                checkpoint()
-        checkpoint()
-    except Exception as exc:
-        status = "failed"
-        summary = _summary(cfg, state, collapse, status, time.perf_counter() - t_start)
-        summary["error"] = f"{type(exc).__name__}: {exc}"
-        write_json_atomic(run_dir / SUMMARY_FILE, summary)
-        raise
-    finally:
-        metrics_out.close()
-
-    summary = _summary(cfg, state, collapse, status, state.wall_time_s)
-    write_json_atomic(run_dir / SUMMARY_FILE, summary)
-    return summary
+        state.step = step + 1
+        steps_this_call += 1
+        state.wall_time_s = wall_before + time.perf_counter() - t_segment
+        inv.progress.update(
+            step,
+            {"acc": metrics[K.REWARD_ACCURACY], "kl_k3": metrics.get(K.MISMATCH_KL_K3, 0.0)},
+        )
+        if ctx.collapse.collapsed and cfg.run.stop_on_collapse:
+            break
+        # SIGTERM reaches every rank, not always during the same step: all agree.
+        if ctx.dist.any_true(inv.stop.requested):
+            return "cancelled"
+        if inv.stop_after is not None and steps_this_call >= inv.stop_after:
+            return "stopped"
+        if state.step % cfg.run.checkpoint_every == 0:
+            inv.lease.check()
+            ctx.save(inv.run_dir)
+    return "succeeded"
 
 
-def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, device):
-    """One RL step; returns the step's metrics (plus ``_finite``)."""
+def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]) -> None:
+    """6. record: batch accuracy, held-out evaluation when due, collapse check."""
+    cfg = ctx.cfg
+    finite = bool(metrics.pop("_finite"))
+    acc = metrics[K.REWARD_ACCURACY]
+    ctx.state.accuracy_history.append(acc)
+    if step % cfg.run.eval_every == 0 or step == cfg.run.steps - 1:
+        eval_acc = ctx.evaluate()
+        metrics[K.EVAL_ACCURACY] = eval_acc
+        ctx.state.eval_history.append((step, eval_acc))
+    samples = int(metrics.get(K.OPTIM_BATCH_SIZE, 0)) or None  # answers this step
+    if K.EVAL_ACCURACY in metrics:
+        ctx.collapse.update_eval(step, metrics[K.EVAL_ACCURACY])
+    if ctx.collapse.update(step, acc, finite=finite, samples=samples):
+        inv.log(f"collapse at step {ctx.collapse.collapse_step}: {ctx.collapse.collapse_reason}")
+
+
+def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
+    """One RL step (1-5 of the module docstring); returns its metrics (plus ``_finite``)."""
+    cfg, task, device, dist = ctx.cfg, ctx.task, ctx.device, ctx.dist
     t0 = time.perf_counter()
     tok = task.tokenizer
 
     # 1. rollout: the engine gets this step's weights, as vLLM gets a weight sync.
+    #    Every rank draws the same global prompts and rolls out its own share,
+    #    whole groups (GRPO's advantages stay within a rank).
     n_prompts = prompts_at(step, cfg.rollout, cfg.optim)
-    problems = repeat_for_groups(task.sample(n_prompts, py_rng), cfg.rollout.group_size)
+    shard = dist.shard(n_prompts)
+    group = cfg.rollout.group_size
+    problems = repeat_for_groups(task.sample(n_prompts, ctx.py_rng)[shard], group)
     prompts, prompt_mask = collate_prompts(problems, tok, device)
-    engine.load_weights(policy.state_dict())
-    rollout = engine.generate(
+    weight_sync_s = ctx.sync_engine()
+    rollout = ctx.engine.generate(
         prompts,
         prompt_mask,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -254,7 +500,7 @@ def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, devic
         top_p=cfg.rollout.top_p,
         eos_id=tok.eos_id,
         pad_id=tok.pad_id,
-        generator=generators["sample"],
+        generator=ctx.generators["sample"],
         use_kv_cache=cfg.rollout.kv_cache,
     )
     t_rollout = time.perf_counter()
@@ -265,32 +511,45 @@ def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, devic
     correct = torch.tensor(
         [float(task.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)]
     )
-    # The engine's routing travels bit-packed (stabilizers.replay_compression).
-    data = RolloutData.from_rollout(rollout, rewards.to(device), cfg.stabilizers.replay_compression)
+    # The engine's routing travels bit-packed (stabilizers.replay.compression).
+    data = RolloutData.from_rollout(rollout, rewards.to(device), cfg.stabilizers.replay.compression)
+    data.global_offset, data.global_size = shard.start * group, n_prompts * group
 
     # 3. measure: one training forward on the rollout tokens, before any update
     #    (R3 replays the engine's routing there; the step's replay mask comes first).
-    stabilizers = updater.stabilizers
+    stabilizers = ctx.updater.stabilizers
     metrics = stabilizers.begin_step(step, data)
-    metrics.update(measure_batch(cfg, policy, updater, data))
+    metrics.update(measure_batch(cfg, ctx.policy, ctx.updater, data))
     t_measure = time.perf_counter()
 
     # 4-5. advantages and the off-policy update, then the routing controllers
     #      (aux-free bias, router-anchor buffer, temperature) act on the step's loads.
     lr = lr_at(step, cfg.run.steps, cfg.optim)
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
-    metrics.update(updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
+    metrics.update(ctx.updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
     stabilizers.end_step(step)
     t_train = time.perf_counter()
 
-    n_response_tokens = int(rollout.response_mask.sum())
+    # Sums and counts over every rank's samples (a rank's mean weighs its rows).
+    rows = float(len(problems))
+    metrics.update(
+        dist.weighted_means(
+            {
+                K.REWARD_MEAN: (rewards.mean().item(), rows),
+                K.REWARD_ACCURACY: (correct.mean().item(), rows),
+                K.RESPONSE_LENGTH_MEAN: (
+                    rollout.response_mask.sum(1).float().mean().item(),
+                    rows,
+                ),
+            }
+        )
+    )
+    n_response_tokens = float(dist.sum(rollout.response_mask.sum().reshape(1))[0])
     metrics.update(
         {
-            K.REWARD_MEAN: rewards.mean().item(),
-            K.REWARD_ACCURACY: correct.mean().item(),
-            K.RESPONSE_LENGTH_MEAN: rollout.response_mask.sum(1).float().mean().item(),
             K.OPTIM_LR: lr,
-            K.OPTIM_BATCH_SIZE: float(len(problems)),
+            K.OPTIM_BATCH_SIZE: float(n_prompts * group),
+            K.TIME_WEIGHT_SYNC_S: weight_sync_s,
             K.OPTIM_ENTROPY_COEF: entropy_coef,
             K.TIME_ROLLOUT_S: t_rollout - t0,
             K.TIME_MISMATCH_S: t_measure - t_rollout,
@@ -302,6 +561,28 @@ def _rl_step(cfg, step, task, policy, engine, updater, py_rng, generators, devic
     return metrics
 
 
+def _error_text(exc: Exception, dist: DistContext) -> str:
+    """The summary's error; over several ranks it says when a peer rank died or
+    stopped answering (a collective failed or timed out), not just the backend's words."""
+    text = f"{type(exc).__name__}: {exc}"
+    if not dist.enabled:
+        return text
+    message = str(exc)
+    peer_lost = isinstance(exc, torch.distributed.DistError) or any(
+        word in message for word in ("gloo", "NCCL", "timed out", "Timeout", "Connection")
+    )
+    if peer_lost:
+        return (
+            f"another rank of this {dist.world_size}-rank run died or stopped answering "
+            f"(a collective failed after at most parallel.timeout_s): {text}"
+        )
+    return f"rank {dist.rank} of {dist.world_size}: {text}"
+
+
+# Rank r samples from seed + r * SAMPLE_SEED_STRIDE (rank 0: the single-process stream).
+SAMPLE_SEED_STRIDE = 1_000_003
+
+
 def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall: float):
     evals = [acc for _, acc in state.eval_history]
     return {
@@ -309,6 +590,7 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
         "collapsed": collapse.collapsed,
         "collapse_step": collapse.collapse_step,
         "collapse_reason": collapse.collapse_reason,
+        "collapse_revoked": [list(r) for r in collapse.revoked],  # dips that recovered
         "initial_accuracy": state.initial_accuracy,
         "final_accuracy": evals[-1] if evals else None,
         "best_accuracy": max(evals) if evals else None,
@@ -319,7 +601,10 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
     }
 
 
-def run_from_cli(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> int:
-    summary = train(cfg, run_dir, resume=resume)
-    print(json.dumps(summary, indent=2))
+def run_from_cli(
+    cfg: ExperimentConfig, run_dir: Path, resume: bool = False, lease: Lease | None = None
+) -> int:
+    summary = train(cfg, run_dir, resume=resume, lease=lease)
+    if os.environ.get("RANK", "0") == "0":  # one summary on stdout, not one per rank
+        print(json.dumps(summary, indent=2))
     return 0

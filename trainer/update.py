@@ -14,7 +14,6 @@ calls them at their places in the forward/backward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,53 +38,19 @@ from trainer.algorithms.losses import (
     value_loss,
 )
 from trainer.config import ExperimentConfig
+from trainer.distributed import (
+    SINGLE,
+    DistContext,
+    average_gradients,
+    global_grad_norm,
+    shard_model,
+    shard_model_experts,
+)
 from trainer.measure import expert_stats, mismatch_stats, routing_mismatch
 from trainer.model import TransformerLM
-from trainer.stabilizers.loop import Stabilizers, is_expert_param, is_router_param, ship_routing
-
-
-@dataclass
-class RolloutData:
-    """One rollout batch on the training device; tensors are (B, T) unless noted."""
-
-    tokens: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    rollout_logp: torch.Tensor
-    rewards: torch.Tensor  # (B,)
-    rollout_routing: list[torch.Tensor] | None  # per MoE layer (B, T, k), rollout engine
-    routing_mask: torch.Tensor | None  # True where the engine recorded routing
-    routing_bytes_per_token_layer: float | None = None
-    # R3: per MoE layer (B, T), True = replay the engine's routing (Stabilizers.begin_step)
-    replay_mask: list[torch.Tensor] | None = None
-    # Filled by measure_batch:
-    old_logp: torch.Tensor | None = None
-    ref_logp: torch.Tensor | None = None
-    old_values: torch.Tensor | None = None
-    old_routing: list[torch.Tensor] | None = None  # training forward's natural top-k
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_rollout(cls, rollout, rewards: torch.Tensor, compression: str = "none") -> RolloutData:
-        """The engine's routing arrives bit-packed with ``compression`` and is unpacked."""
-        routing = rollout.routing
-        shipped = ship_routing(routing, compression) if routing is not None else None
-        return cls(
-            tokens=rollout.tokens,
-            attention_mask=rollout.attention_mask,
-            response_mask=rollout.response_mask,
-            rollout_logp=rollout.logprobs,
-            rewards=rewards,
-            rollout_routing=shipped.indices if shipped is not None else None,
-            routing_mask=shipped.mask if shipped is not None else None,
-            routing_bytes_per_token_layer=(
-                shipped.bytes_per_token_layer if shipped is not None else None
-            ),
-        )
-
-    @property
-    def batch_size(self) -> int:
-        return self.tokens.shape[0]
+from trainer.precision import MasterWeights
+from trainer.rollout_data import RolloutData
+from trainer.stabilizers.loop import Stabilizers, is_expert_param, is_router_param
 
 
 @torch.no_grad()
@@ -103,6 +68,7 @@ def measure_batch(
     policy.eval()
     is_moe = cfg.model.is_moe
     stabilizers = updater.stabilizers
+    dist = updater.dist
     override, override_mask = stabilizers.routing_for_measure(data)
     out = policy(
         data.tokens,
@@ -114,8 +80,10 @@ def measure_batch(
     # The engine's log-probs are of its sampling distribution (logits / T): compare like with like.
     data.old_logp = gather_logprobs(out.logits / cfg.rollout.temperature, data.tokens)
     data.old_values = out.values
-    metrics: dict[str, Any] = dict(
-        mismatch_stats(data.old_logp, data.rollout_logp, data.response_mask)
+    metrics: dict[str, Any] = _global_mismatch(
+        mismatch_stats(data.old_logp, data.rollout_logp, data.response_mask),
+        data.response_mask,
+        dist,
     )
 
     if is_moe and out.routing is not None:
@@ -126,18 +94,31 @@ def measure_batch(
             seen = seen & data.routing_mask
             # Natural choice of the training router vs the engine: the gap itself,
             # measured even when replay hides it from training.
-            natural = routing_mismatch(data.old_routing, data.rollout_routing, seen)
+            natural = _global_routing_mismatch(
+                routing_mismatch(data.old_routing, data.rollout_routing, seen), seen, dist
+            )
             metrics.update(natural)
             # Without replay the layers used their natural choice: the same number, not recomputed.
             effective = natural
             if override is not None:
-                effective = routing_mismatch(
-                    [r.used_indices for r in out.routing], data.rollout_routing, seen
+                effective = _global_routing_mismatch(
+                    routing_mismatch(
+                        [r.used_indices for r in out.routing], data.rollout_routing, seen
+                    ),
+                    seen,
+                    dist,
                 )
             metrics[K.MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY] = effective[
                 K.MISMATCH_ROUTING_INCONSISTENCY
             ]
-        metrics.update(expert_stats(out.routing, data.attention_mask, cfg.model.n_experts))
+        metrics.update(
+            expert_stats(
+                out.routing,
+                data.attention_mask,
+                cfg.model.n_experts,
+                sum_ranks=dist.sum if dist.enabled else None,
+            )
+        )
         metrics[K.ROUTER_TEMPERATURE] = float(policy.moe_layers[0].router.temperature)
         if data.routing_bytes_per_token_layer is not None:
             metrics[K.R3_BYTES_PER_TOKEN_LAYER] = float(data.routing_bytes_per_token_layer)
@@ -153,6 +134,29 @@ def measure_batch(
     return metrics
 
 
+def _global_mismatch(local: dict[str, float], mask: torch.Tensor, dist: DistContext):
+    """``mismatch_stats`` over every rank's tokens: token means weighted by token
+    counts, the per-sequence maximum as a maximum."""
+    if not dist.enabled:
+        return dict(local)
+    n_tok = float(mask.sum())
+    out = dist.weighted_means(
+        {key: (value, n_tok) for key, value in local.items() if key != K.MISMATCH_KL_K3_MAX}
+    )
+    out.update(dist.maxima({K.MISMATCH_KL_K3_MAX: local[K.MISMATCH_KL_K3_MAX]}))
+    return out
+
+
+def _global_routing_mismatch(local: dict[str, float], seen: torch.Tensor, dist: DistContext):
+    """``routing_mismatch`` over every rank's tokens (SDI: over every rank's sequences)."""
+    if not dist.enabled:
+        return local
+    n_tok, n_seq = float(seen.sum()), float(seen.any(dim=-1).sum())
+    return dist.weighted_means(
+        {key: (value, n_seq if key == K.MISMATCH_SDI else n_tok) for key, value in local.items()}
+    )
+
+
 class PolicyUpdater:
     """Advantages + the clipped-objective update over minibatches and epochs."""
 
@@ -163,25 +167,61 @@ class PolicyUpdater:
         reference: TransformerLM | None,
         shuffle_generator: torch.Generator,
         stabilizers: Stabilizers | None = None,
+        dist: DistContext = SINGLE,
     ):
         self.cfg = cfg
         self.policy = policy
         self.reference = reference
         self.shuffle_generator = shuffle_generator
+        self.dist = dist
         # Built before the optimiser: noisy gating adds the routers' noise-scale parameters.
         device = next(policy.parameters()).device
-        self.stabilizers = stabilizers or Stabilizers(cfg, policy, device)
+        self.stabilizers = stabilizers or Stabilizers(cfg, policy, device, dist)
+        # The module the update forwards through: DDP averages gradients in backward;
+        # FSDP2 shards the policy (and the frozen reference) in place, so the
+        # optimiser below is built on the shards.
+        self.train_module: torch.nn.Module = policy
+        if dist.fsdp:
+            # optim.param_dtype=bf16 under FSDP: fp32 shards are the masters and
+            # each all-gather casts to bf16 (trainer.distributed.shard_model).
+            shard_model(policy, dist, cfg.optim.param_dtype)
+            if reference is not None:
+                shard_model(reference, dist, cfg.optim.param_dtype)
+        elif dist.ep:
+            # Each rank keeps its experts; gradients are averaged by hand after the
+            # backward (average_gradients): DDP would mix different ranks' experts.
+            # The frozen reference stays whole and runs locally.
+            shard_model_experts(policy, dist)
+        elif dist.enabled:
+            self.train_module = torch.nn.parallel.DistributedDataParallel(
+                policy,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                # The routers' buffers (bias, temperature) are set from global loads,
+                # identical on every rank: nothing to broadcast each forward.
+                broadcast_buffers=False,
+                # The noise scale selects experts only and never gets a gradient.
+                find_unused_parameters=cfg.stabilizers.noisy_gating.enabled,
+            )
+        # optim.param_dtype=bf16: AdamW steps fp32 masters of the bf16 weights (built
+        # after any sharding, so they mirror the parameters this rank holds).
+        self.masters = MasterWeights(policy)
         self.optimizer = torch.optim.AdamW(
             self._param_groups(),
             lr=cfg.optim.lr,
             betas=(cfg.optim.beta1, cfg.optim.beta2),
             weight_decay=cfg.optim.weight_decay,
+            # The fused kernel (one vectorised pass over each tensor, CPU and CUDA)
+            # instead of the per-tensor loop torch defaults to on the CPU: Adam
+            # touches every parameter, active or not, so its cost grows with the
+            # total, and fused is ~10x cheaper per element (docs/benchmarks.md).
+            # FSDP's sharded DTensor parameters take the multi-tensor path.
+            **({"foreach": True} if dist.fsdp else {"fused": True}),
         )
         self.reward_normalizer = RewardNormalizer(decay=cfg.algorithm.advantage.ema_decay)
 
     def _param_groups(self) -> list[dict[str, Any]]:
         """Expert and router parameters get their own learning-rate multipliers."""
-        st = self.cfg.stabilizers
+        optim = self.cfg.optim
         groups: dict[str, list[torch.nn.Parameter]] = {"expert": [], "router": [], "other": []}
         for name, param in self.policy.named_parameters():
             if is_router_param(name):
@@ -190,9 +230,13 @@ class PolicyUpdater:
                 groups["expert"].append(param)
             else:
                 groups["other"].append(param)
-        scale = {"expert": st.expert_lr_scale, "router": st.router_lr_scale, "other": 1.0}
+        scale = {"expert": optim.expert_lr_scale, "router": optim.router_lr_scale, "other": 1.0}
         return [
-            {"params": params, "name": name, "lr_scale": scale[name]}
+            {
+                "params": [self.masters.optimizer_param(p) for p in params],
+                "name": name,
+                "lr_scale": scale[name],
+            }
             for name, params in groups.items()
             if params
         ]
@@ -201,7 +245,7 @@ class PolicyUpdater:
     def advantages(self, data: RolloutData) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages, returns): (B,) for GRPO/GSPO, (B, T) for PPO."""
         algo = self.cfg.algorithm
-        if algo.name == "ppo":
+        if algo.spec.advantage == "gae":
             token_rewards = torch.zeros_like(data.old_logp)
             last = _last_true_index(data.response_mask)
             token_rewards[torch.arange(data.batch_size), last] = data.rewards
@@ -212,8 +256,8 @@ class PolicyUpdater:
                 gamma=algo.gamma,
                 lam=algo.gae_lambda,
             )
-            mean = masked_mean(adv, data.response_mask)
-            std = masked_mean((adv - mean) ** 2, data.response_mask).sqrt()
+            mean = self._batch_mean(adv, data.response_mask)
+            std = self._batch_mean((adv - mean) ** 2, data.response_mask).sqrt()
             return (adv - mean) / (std + 1e-6) * data.response_mask, returns
         rewards = data.rewards
         if algo.advantage.ema_decay > 0:
@@ -230,6 +274,14 @@ class PolicyUpdater:
             adv = expert_zscore_advantages(adv, groups)
         return adv, None
 
+    def _batch_mean(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Masked mean over the GLOBAL batch (every rank's tokens), a 0-dim tensor."""
+        local = masked_mean(x, mask)
+        if not self.dist.enabled:
+            return local
+        mean = self.dist.weighted_means({"m": (float(local), float(mask.sum()))})["m"]
+        return torch.tensor(mean, dtype=local.dtype, device=local.device)
+
     # -- update ----------------------------------------------------------------------
     def update(
         self, data: RolloutData, step: int, *, lr: float, entropy_coef: float
@@ -239,26 +291,31 @@ class PolicyUpdater:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         advantages, returns = self.advantages(data)
+        isc = cfg.stabilizers.is_correction
         weights, is_stats = is_weights(
             data.old_logp,
             data.rollout_logp,
             data.response_mask,
-            mode=cfg.stabilizers.is_correction,
-            tis_cap=cfg.stabilizers.tis_cap,
-            mis_low=cfg.stabilizers.mis_low,
-            mis_high=cfg.stabilizers.mis_high,
-            icepop_low=cfg.stabilizers.icepop_low,
-            icepop_high=cfg.stabilizers.icepop_high,
+            mode=isc.kind,
+            tis_cap=isc.tis_cap,
+            mis_low=isc.mis_low,
+            mis_high=isc.mis_high,
+            icepop_low=isc.icepop_low,
+            icepop_high=isc.icepop_high,
         )
 
         self.policy.train()
         totals: dict[str, list[float]] = {}
         finite = True
-        n = data.batch_size
+        # Minibatches are drawn over the GLOBAL batch (the same permutation on every
+        # rank); each rank trains on the rows of each minibatch it holds.
+        n = data.global_batch_size
+        first, end = data.global_offset, data.global_offset + data.batch_size
         n_mb = min(algo.minibatches, n)
         for _ in range(algo.epochs):
-            order = torch.randperm(n, generator=self.shuffle_generator).to(data.tokens.device)
-            for rows in order.chunk(n_mb):
+            order = torch.randperm(n, generator=self.shuffle_generator)
+            for chunk in order.chunk(n_mb):
+                rows = (chunk[(chunk >= first) & (chunk < end)] - first).to(data.tokens.device)
                 stats = self._minibatch_step(data, rows, advantages, returns, weights, entropy_coef)
                 finite &= stats.pop("_finite")
                 for key, value in stats.items():
@@ -267,100 +324,167 @@ class PolicyUpdater:
         metrics = {key: sum(v) / len(v) for key, v in totals.items() if key != K.POLICY_RATIO_MAX}
         if K.POLICY_RATIO_MAX in totals:
             metrics[K.POLICY_RATIO_MAX] = max(totals[K.POLICY_RATIO_MAX])
-        if cfg.stabilizers.is_correction != "none":
+        if isc.kind != "none":
+            n_tok = float(data.response_mask.sum())
             metrics.update(
-                {
-                    K.TIS_CLIP_FRAC: float(is_stats.clip_frac),
-                    K.TIS_MASKED_FRAC: float(is_stats.masked_frac),
-                    K.TIS_RATIO_MEAN: float(is_stats.ratio_mean),
-                    K.TIS_RATIO_MAX: float(is_stats.ratio_max),
-                }
+                self.dist.weighted_means(
+                    {
+                        K.TIS_CLIP_FRAC: (float(is_stats.clip_frac), n_tok),
+                        K.TIS_MASKED_FRAC: (float(is_stats.masked_frac), n_tok),
+                        K.TIS_RATIO_MEAN: (float(is_stats.ratio_mean), n_tok),
+                    }
+                )
             )
+            metrics.update(self.dist.maxima({K.TIS_RATIO_MAX: float(is_stats.ratio_max)}))
         metrics["_finite"] = finite
         return metrics
 
     def _minibatch_step(self, data, rows, advantages, returns, weights, entropy_coef):
+        """One optimiser step on this rank's ``rows`` of a global minibatch.
+
+        Every loss term is this rank's local mean times ``n_local * W / n_global``
+        (``DistContext.global_scales``): averaged over the ranks by DDP/FSDP it is the
+        single-process mean over the global minibatch. A rank without rows runs one
+        row with every mask emptied (scale 0), so it still joins the collectives.
+        """
         cfg = self.cfg
         algo = cfg.algorithm
+        dist = self.dist
+        active = rows.numel() > 0
+        if not active:
+            rows = torch.zeros(1, dtype=torch.long, device=data.tokens.device)
         tokens = data.tokens[rows]
+        attention = data.attention_mask[rows]
         mask = data.response_mask[rows]
+        loss_attention = attention
+        if not active:
+            mask, loss_attention = torch.zeros_like(mask), torch.zeros_like(attention)
+        n_tok, n_seq = float(mask.sum()), float(mask.any(dim=-1).sum())
+        count = {"token_mean": n_tok, "seq_mean": n_seq}
+        scale = dict(zip(count, dist.global_scales(list(count.values())), strict=True))
         stabilizers = self.stabilizers
         override, override_mask = stabilizers.routing_for_update(data, rows)
-        out = self.policy(
+        out = self.train_module(
             tokens,
-            attention_mask=data.attention_mask[rows],
+            attention_mask=attention,
             routing_override=override,
             override_mask=override_mask,
             return_routing=stabilizers.needs_routing,
         )
         logp = gather_logprobs(out.logits / cfg.rollout.temperature, tokens)
-        old_logp = data.old_logp[rows]
-        token_weights = weights[rows] if cfg.stabilizers.is_correction != "none" else None
-        if algo.name == "gspo":
+        old_logp = behavior_logp(data, algo.behavior_logprobs)[rows]
+        token_weights = weights[rows] if cfg.stabilizers.is_correction.kind != "none" else None
+        if algo.spec.ratio == "sequence":
+            policy_agg = "seq_mean"
             policy_loss, pstats = gspo_policy_loss(
                 logp, old_logp, advantages[rows], mask,
                 algo.clip_eps_low, algo.clip_eps_high, token_weights=token_weights,
             )  # fmt: skip
         else:
+            policy_agg = algo.loss_agg
             policy_loss, pstats = clipped_policy_loss(
                 logp, old_logp, advantages[rows], mask,
                 algo.clip_eps_low, algo.clip_eps_high, algo.loss_agg,
                 token_weights=token_weights,
             )  # fmt: skip
-        loss = policy_loss
-        stats: dict[str, Any] = {
-            K.POLICY_CLIP_FRAC: float(pstats.clip_frac),
-            K.POLICY_RATIO_MAX: float(pstats.ratio_max),
-        }
+        loss = policy_loss * scale[policy_agg]
+        # (local mean, weight) of every reported mean; reduced over ranks below.
+        means: dict[str, tuple[float, float]] = {
+            K.POLICY_LOSS: (policy_loss.item(), count[policy_agg]),
+            # Token-ratio clip share over tokens; GSPO's sequence clip share over sequences.
+            K.POLICY_CLIP_FRAC: (float(pstats.clip_frac), count[policy_agg] if
+                                 algo.spec.ratio == "sequence" else n_tok),
+        }  # fmt: skip
 
         entropy = aggregate(entropy_from_logits(out.logits), mask, algo.loss_agg)
-        stats[K.POLICY_ENTROPY] = entropy.item()
+        means[K.POLICY_ENTROPY] = (entropy.item(), count[algo.loss_agg])
         if entropy_coef > 0:
-            loss = loss - entropy_coef * entropy
+            loss = loss - entropy_coef * entropy * scale[algo.loss_agg]
         if data.ref_logp is not None:
             kl = aggregate(kl_k3(logp, data.ref_logp[rows]), mask, algo.loss_agg)
-            loss = loss + algo.kl_coef * kl
-            stats[K.POLICY_KL_REF] = kl.item()
-        if algo.name == "ppo":
+            loss = loss + algo.kl_coef * kl * scale[algo.loss_agg]
+            means[K.POLICY_KL_REF] = (kl.item(), count[algo.loss_agg])
+        if algo.spec.has_value_head:
             v_loss = value_loss(
                 out.values, data.old_values[rows], returns[rows], mask, algo.value_clip
             )
-            loss = loss + algo.value_coef * v_loss
-            stats[K.VALUE_LOSS] = v_loss.item()
+            loss = loss + algo.value_coef * v_loss * scale["token_mean"]
+            means[K.VALUE_LOSS] = (v_loss.item(), n_tok)
         # Balance losses (aux, z, router KL) on the routers; kept apart for surgery.
-        routing_loss, lb_stats = stabilizers.routing_loss(out.routing, data.attention_mask[rows])
-        stats.update(lb_stats)
+        # Over ranks they are already each rank's share of the global loss.
+        routing_loss, lb_stats = stabilizers.routing_loss(out.routing, loss_attention)
+        stats: dict[str, Any] = dict(lb_stats)
+        stats.update(dist.weighted_means(means))
+        ratio_max = float(pstats.ratio_max) if active else float("-inf")
+        stats[K.POLICY_RATIO_MAX] = dist.maxima({"r": ratio_max})["r"]
 
         self.optimizer.zero_grad(set_to_none=True)
+        self.masters.zero_model_grads()
         stats.update(stabilizers.backward(loss, routing_loss))
+        if dist.ep:
+            average_gradients(self.policy.named_parameters(), dist, is_expert_param)
         stabilizers.clip_experts()  # each expert on its own, before the global clip
-        params = [p for p in self.policy.parameters() if p.grad is not None]
+        self.masters.grads_to_masters()  # the global norm and the step in fp32
+        # In the model's parameter order (the norm's summation order), masters for bf16.
+        stepped = (self.masters.optimizer_param(p) for p in self.policy.parameters())
+        params = [p for p in stepped if p.grad is not None]
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if dist.ep:  # the norm over every expert shard, as clip_grad_norm_ scales
+            grad_norm = global_grad_norm(self.policy.named_parameters(), dist, is_expert_param)
+            scale_by = (max_norm / (grad_norm + 1e-6)).clamp(max=1.0)
+            for p in params:
+                p.grad.mul_(scale_by.to(p.grad.device))
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards
+            grad_norm = grad_norm.full_tensor()
         total_loss = loss + routing_loss.detach()
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
+        # Every rank takes the same decision, or the replicas would drift apart.
+        finite = dist.all_true(finite)
         if finite:
             self.optimizer.step()
+            self.masters.masters_to_params()
         else:
             # Never let a non-finite update corrupt the weights; the collapse
             # detector records the step.
             self.optimizer.zero_grad(set_to_none=True)
-        stats[K.POLICY_LOSS] = policy_loss.item()
         stats[K.POLICY_GRAD_NORM] = grad_norm.item()
         stats["_finite"] = finite
         return stats
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "optimizer": self.optimizer.state_dict(),
+            # FSDP: the sharded optimiser state goes to torch.distributed.checkpoint.
+            # Expert parallelism: each rank's expert states differ (runner gathers them).
+            "optimizer": (None if self.dist.fsdp or self.dist.ep else self.optimizer.state_dict()),
             "reward_normalizer": self.reward_normalizer.state_dict(),
             "stabilizers": self.stabilizers.state_dict(),
+            "master_weights": self.masters.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.reward_normalizer.load_state_dict(state["reward_normalizer"])
         self.stabilizers.load_state_dict(state["stabilizers"])
+        self.masters.load_state_dict(state.get("master_weights"))
+
+
+def behavior_logp(data: RolloutData, source: str) -> torch.Tensor:
+    """The ratio's denominator, (B, T): the one place GRPO, GSPO and PPO take it from.
+
+    ``train``: pi_old recomputed by the training engine before the update
+    (``measure_batch``), so ratio = pi_theta / pi_old^train is exactly 1 on the
+    first minibatch and the engine gap reaches the update only through which
+    tokens were sampled. ``rollout``: the engine's own log-probs, as frameworks
+    that skip the recompute do, so ratio = pi_theta / pi_rollout carries the
+    gap (its log is the per-token train-rollout log-ratio on the first
+    minibatch) and the clip acts on it.
+    """
+    if source == "rollout":
+        return data.rollout_logp
+    return data.old_logp
 
 
 def _last_true_index(mask: torch.Tensor) -> torch.Tensor:

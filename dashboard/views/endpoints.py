@@ -4,7 +4,7 @@ Every endpoint answers ``?max_points=&start=&end=`` with the live payload
 (``{"figure", "running"}``, series downsampled keeping extremes, a zoomed
 window at full resolution when it fits) and ``?format=csv|json`` with the
 chart's data as a file (full resolution unless max_points is given). A metric
-read is two queries per run set (runs.queries.metric_series_many).
+read is two queries per run set (runs.metrics.read.metric_series_many).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 
 from dashboard import queries as q
-from dashboard.charts import Window, layer_heatmap, run_lines, variant_bands
+from dashboard.charts import layer_heatmap, run_lines, variant_bands
+from dashboard.emptiness import empty_reason
 from dashboard.export import (
     EXPORT_FORMATS,
     encode_payload,
@@ -27,21 +28,34 @@ from dashboard.export import (
     records_to_csv,
 )
 from dashboard.figures import collapse_strip, survival_curves
+from dashboard.figures.collapse import dose_response
+from dashboard.phase import phase_line
+from dashboard.seeds import split_seeds
 from dashboard.stability import stability_table_rows
+from dashboard.stability_stats import dose_layout, survival_rows
 from dashboard.style import assign_colors
-from dashboard.views import params
-from dashboard.views.params import BadParameter
-from experiments.models import Experiment, Sweep
-from runs.models import Run
-from runs.queries import placement_text
+from dashboard.views.params import (
+    ChartQuery,
+    CompareChartQuery,
+    CompareChartsQuery,
+    HeatmapQuery,
+    RunChartQuery,
+    RunSelectionQuery,
+    VariantChartQuery,
+    parse,
+)
+from lab.experiments.models import Experiment, Sweep
+from lab.runs.models import Run
+from lab.runs.queries import placement_text, waiting_reason
 from trainer import metric_keys as mk
+from trainer.errors import FieldError
 
-STABILITY_CHARTS = ("collapse", "survival")
+STABILITY_CHARTS = ("collapse", "survival", "dose")
 
 
 def login_required_json(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """401 JSON instead of a redirect to the login page (a fetch cannot follow that
-    usefully), and 400 JSON naming the bad parameter."""
+    usefully), and 400 JSON naming the bad parameter (``{"errors": {name: [...]}}``)."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
@@ -49,16 +63,17 @@ def login_required_json(view: Callable[..., HttpResponse]) -> Callable[..., Http
             return JsonResponse({"detail": "log in to see this chart"}, status=401)
         try:
             return view(request, *args, **kwargs)
-        except BadParameter as exc:
-            return exc.response()
+        except FieldError as exc:
+            return JsonResponse({"errors": exc.as_dict()}, status=400)
 
     return wrapper
 
 
 def chart_response(
-    request: HttpRequest, fig: go.Figure, *, running: bool, filename: str
+    query: ChartQuery | RunSelectionQuery, fig: go.Figure, *, running: bool, filename: str
 ) -> HttpResponse:
-    fmt = params.export_format(request)
+    """The live payload, or the chart's data as a download when ``?format=`` is given."""
+    fmt = query.format
     if fmt is None:
         response = HttpResponse(
             figure_payload(fig, running=running), content_type="application/json"
@@ -75,13 +90,8 @@ def _slug(key: str) -> str:
     return key.replace("/", "_")
 
 
-def _window(request: HttpRequest) -> Window:
-    return params.window(request, export=params.export_format(request) is not None)
-
-
-def _baseline_for(request: HttpRequest, run: Run) -> Run | None:
+def _baseline_for(chosen: int | None, run: Run) -> Run | None:
     """``?baseline=<id>`` (0: none), else the run's experiment's pinned baseline."""
-    chosen = params.optional_id(request, "baseline")
     if chosen is None:
         chosen = q.pinned_baselines([run.experiment_id]).get(run.experiment_id)
     if not chosen or chosen == run.pk:
@@ -94,10 +104,10 @@ def _baseline_for(request: HttpRequest, run: Run) -> Run | None:
 def run_chart(request: HttpRequest, run_id: int) -> HttpResponse:
     """One metric of a run, drawn against its baseline when one is pinned or chosen."""
     run = get_object_or_404(Run, pk=run_id)
-    key = params.metric_key(request)
-    window = _window(request)
+    query = parse(RunChartQuery, request)
+    key, window = query.key, query.window
     fetch = window.fetch_bounds()
-    baseline = _baseline_for(request, run)
+    baseline = _baseline_for(query.baseline, run)
     runs = [run] + ([baseline] if baseline else [])
     data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])
     labels = {r.pk: q.run_label(r) for r in runs}
@@ -109,10 +119,9 @@ def run_chart(request: HttpRequest, run_id: int) -> HttpResponse:
         baseline=labels[baseline.pk] if baseline else None,
         collapse_markers=markers,
         colors=assign_colors([labels[run.pk]]),
+        empty_message=empty_reason(run, key),
     )
-    return chart_response(
-        request, fig, running=run.is_active, filename=f"run-{run.pk}-{_slug(key)}"
-    )
+    return chart_response(query, fig, running=run.is_active, filename=f"run-{run.pk}-{_slug(key)}")
 
 
 @login_required_json
@@ -120,9 +129,8 @@ def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
     """Expert load of one MoE layer of a run (experts x steps); ``?layer=`` and
     ``?scale=auto|shared`` (shared: the compare page's common color scale)."""
     run = get_object_or_404(Run, pk=run_id)
-    layer = params.layer(request)
-    shared_scale = params.heatmap_scale(request) == "shared"
-    window = _window(request)
+    query = parse(HeatmapQuery, request)
+    layer, shared_scale, window = query.layer, query.scale == "shared", query.window
     fetch = window.fetch_bounds()
     key = mk.experts_load(layer)
     steps, vectors = q.series_of(
@@ -137,7 +145,7 @@ def run_heatmap(request: HttpRequest, run_id: int) -> HttpResponse:
         shared_scale=shared_scale,
     )
     return chart_response(
-        request, fig, running=run.is_active, filename=f"run-{run.pk}-expert-load-L{layer}"
+        query, fig, running=run.is_active, filename=f"run-{run.pk}-expert-load-L{layer}"
     )
 
 
@@ -155,6 +163,9 @@ def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
             "total_steps": run.total_steps,
             "progress": run.progress,
             "placement": placement_text(run),
+            "waiting_reason": waiting_reason(run),
+            "phase": run.phase,
+            "phase_text": phase_line(run),
             "collapsed": summary.get("collapsed"),
             "collapse_step": summary.get("collapse_step"),
             "collapse_reason": summary.get("collapse_reason"),
@@ -170,11 +181,10 @@ def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
 @login_required_json
 def compare_chart(request: HttpRequest) -> HttpResponse:
     """One metric of every compared run overlaid, the baseline drawn distinctly."""
-    runs = q.runs_in_order(params.run_ids(request))
-    key = params.metric_key(request)
-    window = _window(request)
+    query = parse(CompareChartQuery, request)
+    runs = q.runs_in_order(query.runs)
+    key, window, baseline_id = query.key, query.window, query.baseline
     fetch = window.fetch_bounds()
-    baseline_id = params.optional_id(request, "baseline")
     labels = {r.pk: q.run_label(r) for r in runs}
     data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])
     fig = run_lines(
@@ -186,7 +196,7 @@ def compare_chart(request: HttpRequest) -> HttpResponse:
         colors=assign_colors(labels.values()),
     )
     return chart_response(
-        request, fig, running=any(r.is_active for r in runs), filename=f"compare-{_slug(key)}"
+        query, fig, running=any(r.is_active for r in runs), filename=f"compare-{_slug(key)}"
     )
 
 
@@ -199,12 +209,9 @@ def compare_charts(request: HttpRequest) -> HttpResponse:
     chart alone and for the rest in one request, then polls them together;
     a zoomed chart fetches its own window from ``compare_chart``.
     """
-    runs = q.runs_in_order(params.run_ids(request))
-    keys = params.metric_keys(request)
-    window = _window(request)
-    if window.start is not None or window.end is not None:
-        raise BadParameter("start", "a chart group is drawn whole; zoom through compare/chart")
-    baseline_id = params.optional_id(request, "baseline")
+    query = parse(CompareChartsQuery, request)  # refuses a zoom window
+    runs = q.runs_in_order(query.runs)
+    keys, window, baseline_id = query.keys, query.window, query.baseline
     labels = {r.pk: q.run_label(r) for r in runs}
     colors = assign_colors(labels.values())
     markers = {labels[r.pk]: m for r in runs if (m := q.collapse_marker(r))}
@@ -232,9 +239,8 @@ def compare_charts(request: HttpRequest) -> HttpResponse:
 
 
 def _variant_chart(request: HttpRequest, runs: Sequence[Run], filename: str) -> HttpResponse:
-    key = params.metric_key(request)
-    band = params.band(request)
-    window = _window(request)
+    query = parse(VariantChartQuery, request)
+    key, band, window = query.key, query.band, query.window
     fetch = window.fetch_bounds()
     data = q.series_for(runs, [key], start=fetch[0], end=fetch[1])
     seeds: dict[str, list] = {}
@@ -242,7 +248,7 @@ def _variant_chart(request: HttpRequest, runs: Sequence[Run], filename: str) -> 
         seeds.setdefault(q.variant_of(run), []).append(q.series_of(data[run.pk], key))
     fig = variant_bands(seeds, key, window, band=band, colors=assign_colors(seeds))
     return chart_response(
-        request,
+        query,
         fig,
         running=any(r.is_active for r in runs),
         filename=f"{filename}-{_slug(key)}",
@@ -264,45 +270,62 @@ def sweep_chart(request: HttpRequest, sweep_id: int) -> HttpResponse:
     return _variant_chart(request, runs, f"sweep-{sweep.pk}")
 
 
-def stability_runs(request: HttpRequest) -> list[Run]:
-    """The runs a stability review is about: ``?runs=``, or all of ``?experiment=`` or ``?sweep=``."""
-    ids = params.run_ids(request)
-    if ids:
-        return q.runs_in_order(ids)
-    experiment = params.optional_id(request, "experiment")
-    if experiment is not None:
-        return list(Run.objects.filter(experiment_id=experiment).order_by("pk"))
-    sweep = params.optional_id(request, "sweep")
-    if sweep is not None:
-        return list(Run.objects.filter(sweep_id=sweep).order_by("pk"))
+def stability_runs(selection: RunSelectionQuery) -> list[Run]:
+    """The runs a stability review is about: every id of ``?runs=`` (repeated or comma
+    separated), or all of ``?experiment=`` or ``?sweep=``."""
+    if selection.runs:
+        return q.runs_in_order(selection.runs)
+    if selection.experiment is not None:
+        return list(Run.objects.filter(experiment_id=selection.experiment).order_by("pk"))
+    if selection.sweep is not None:
+        return list(Run.objects.filter(sweep_id=selection.sweep).order_by("pk"))
     return []
+
+
+def stability_seeds(selection: RunSelectionQuery) -> tuple[list[Run], list[Run]]:
+    """The chosen runs that count as seeds, and the stopped ones left out
+    (dashboard/seeds.py: cancelled and failed runs only with ``?stopped=1``)."""
+    return split_seeds(stability_runs(selection), include_stopped=selection.stopped)
 
 
 @login_required_json
 def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
     """Collapse step per seed (strip) or Kaplan-Meier survival per variant."""
     if chart not in STABILITY_CHARTS:
-        raise BadParameter("chart", f"chart must be one of: {', '.join(STABILITY_CHARTS)}")
-    runs = stability_runs(request)
+        raise FieldError([("chart", f"chart must be one of: {', '.join(STABILITY_CHARTS)}")])
+    selection = parse(RunSelectionQuery, request)
+    runs, _ = stability_seeds(selection)
     outcomes: dict[str, list] = {}
     for outcome in q.outcomes_for(runs):
         outcomes.setdefault(outcome.variant, []).append(outcome)
-    colors = assign_colors(outcomes)
-    builder = collapse_strip if chart == "collapse" else survival_curves
-    fig = builder(outcomes, colors=colors)
+    if chart == "dose":
+        layout = dose_layout(list(outcomes))
+        if layout is None:
+            raise FieldError([("chart", "these runs have no rollout-precision dose axis")])
+        fig = dose_response(outcomes, layout, colors=assign_colors(layout["arms"]))
+    else:
+        colors = assign_colors(outcomes)
+        builder = collapse_strip if chart == "collapse" else survival_curves
+        fig = builder(outcomes, colors=colors)
     return chart_response(
-        request, fig, running=any(r.is_active for r in runs), filename=f"stability-{chart}"
+        selection, fig, running=any(r.is_active for r in runs), filename=f"stability-{chart}"
     )
 
 
 @login_required_json
 def stability_table(request: HttpRequest) -> HttpResponse:
     """The stability table as JSON (default) or CSV (``?format=csv``)."""
-    runs = stability_runs(request)
+    selection = parse(RunSelectionQuery, request)
+    runs, _ = stability_seeds(selection)
     rows = stability_table_rows(q.stability_stats(runs).stats)
-    fmt = params.export_format(request) or "json"
+    fmt = selection.format or "json"
     if fmt == "json":
-        response = JsonResponse({"rows": [row.as_dict() for row in rows]})
+        response = JsonResponse(
+            {
+                "rows": [row.as_dict() for row in rows],
+                "survival": [row.as_dict() for row in survival_rows(rows)],
+            }
+        )
     else:
         body = records_to_csv([row.as_dict() for row in rows])
         response = HttpResponse(body, content_type=EXPORT_FORMATS["csv"])

@@ -27,38 +27,48 @@ from dashboard.configdiff import config_diff, display_value
 from dashboard.figures import SHARED_LOAD_SCALE
 from dashboard.models import BaselinePin, SavedComparison, VerdictLabel
 from dashboard.panels import (
-    EXPERIMENT_KEYS,
-    MOE_ONLY_KEYS,
     chart_id,
+    experiment_keys,
     is_moe,
     keys_for_runs,
     moe_layers,
     sections_for,
 )
+from dashboard.phase import phase_line
+from dashboard.seeds import seed_rule, split_seeds
 from dashboard.stability import STABILITY_COLUMNS, stability_table_rows
+from dashboard.stability_stats import dose_layout, reference_of, survival_rows
 from dashboard.style import BASELINE_COLOR, assign_colors, metric_title
-from dashboard.views import params
 from dashboard.views.endpoints import stability_runs
-from dashboard.views.params import BadParameter
-from experiments.models import Experiment, Sweep
-from runs.models import Run, RunStatus
-from runs.queries import placement_text
-from trainer.config import ConfigError
+from dashboard.views.params import (
+    ComparePageQuery,
+    RunPageQuery,
+    RunSelectionQuery,
+    RunsListQuery,
+    VariantPageQuery,
+    parse,
+)
+from lab.assets.facts import export_command, run_model_facts
+from lab.experiments import rights
+from lab.experiments.models import Experiment, Sweep
+from lab.runs.models import Run, RunStatus
+from lab.runs.queries import placement_text, waiting_reason
+from trainer.errors import FieldError
 
 RUNS_PER_PAGE = 50
 LIVE_INTERVAL_MS = 5000
 
 
 def page_params(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Login required, and a malformed query parameter answers 400 with its name."""
+    """Login required, and a malformed query parameter answers 400 naming it."""
 
     @login_required
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
         try:
             return view(request, *args, **kwargs)
-        except BadParameter as exc:
-            return HttpResponseBadRequest(f"{escape(exc.field)}: {escape(exc.message)}")
+        except FieldError as exc:
+            return HttpResponseBadRequest(escape(str(exc)))
 
     return wrapper
 
@@ -77,20 +87,9 @@ def _chart(chart_id_: str, url: str, title: str = "") -> dict[str, str]:
 @page_params
 def runs_list(request: HttpRequest) -> HttpResponse:
     """All runs: filter by status, experiment, tag, owner and queue; sort; select to compare."""
-    experiment_id = params.optional_id(request, "experiment")
-    filters = {
-        "status": request.GET.get("status", "")
-        if request.GET.get("status") in RunStatus.values
-        else "",
-        "experiment": experiment_id,
-        "tag": request.GET.get("tag", "").strip()[:50],
-        "owner": request.GET.get("owner", "").strip()[:150],
-        "queue": request.GET.get("queue", "").strip()[:64],
-        "sort": request.GET.get("sort", "newest")
-        if request.GET.get("sort") in q.SORTS
-        else "newest",
-    }
-    page = Paginator(q.filtered_runs(**filters), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    query = parse(RunsListQuery, request)
+    filters = query.model_dump(exclude={"page"})
+    page = Paginator(q.filtered_runs(**filters), RUNS_PER_PAGE).get_page(query.page)
     runs = list(page.object_list)
     experiments = list(Experiment.objects.order_by("name").values_list("pk", "name", "tags"))
     tags = sorted({t for _, _, ts in experiments for t in (ts or [])})
@@ -135,7 +134,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     if request.method == "POST":
         try:
             services.comment_on_run(author=request.user, run=run, body=request.POST.get("body", ""))
-        except ConfigError as exc:
+        except FieldError as exc:
             messages.error(request, "; ".join(m for _, m in exc.errors))
         return redirect(reverse("dashboard:run", args=[run.pk]) + "#comments")
     return render(request, "dashboard/run_detail.html", run_page_context(request, run))
@@ -145,7 +144,7 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
     """Everything dashboard/run_detail.html needs (the platform's keys included), so
     another view can render the same page."""
     pinned = q.pinned_baselines([run.experiment_id]).get(run.experiment_id)
-    chosen = params.optional_id(request, "baseline")
+    chosen = parse(RunPageQuery, request).baseline
     baseline_id = pinned if chosen is None else chosen
     baseline = None
     if baseline_id and baseline_id != run.pk:
@@ -176,7 +175,13 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
         "run": run,
         "can_manage": run.can_manage(request.user),
         "placement": placement_text(run),
+        "waiting_reason": waiting_reason(run),
+        "phase_text": phase_line(run),
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+        "model_facts": run_model_facts(run.config),
+        "export_command": export_command(run),
+        "exports": list(run.exports.all()[:10]),
+        "can_export": rights.can_queue(request.user, run.experiment),
         "summary_json": json.dumps(run.summary, indent=2, sort_keys=True) if run.summary else "",
         "comments": list(run.comments.select_related("author")),
         # the dashboard
@@ -192,6 +197,8 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
         "log_tail": q.log_tail(run),
         "verdicts": list(run.verdicts.select_related("author")[:20]),
         "verdict_labels": VerdictLabel.choices,
+        # pin and verdict forms only for whom the services allow (lab.experiments.rights)
+        "can_review": rights.can_give_verdict(request.user, run.experiment),
         "interval_ms": LIVE_INTERVAL_MS,
         "interval_s": LIVE_INTERVAL_MS // 1000,
         "compare_url": _url("compare", runs=f"{run.pk},{baseline.pk}", baseline=baseline.pk)
@@ -224,11 +231,9 @@ def _variant_page(
     chart_arg: int,
     scope: dict[str, int],
 ) -> HttpResponse:
-    band = request.GET.get("band", "minmax")
-    if band not in ("minmax", "std"):
-        raise BadParameter("band", "band must be minmax or std")
+    band = parse(VariantPageQuery, request).band
     moe = any(is_moe(r.config) for r in runs)
-    keys = [k for k in EXPERIMENT_KEYS if moe or k not in MOE_ONLY_KEYS]
+    keys = experiment_keys(moe)
     charts = [
         _chart(
             chart_id("chart", key),
@@ -267,14 +272,28 @@ def _variant_page(
             "stability_url": _url("stability", **scope),
             "compare_url": _url("compare", runs=ids) if runs else "",
             "grid_json": json.dumps(sweep.grid, indent=2, sort_keys=True) if sweep else "",
+            # an experiment's comments (a sweep page has none of its own)
+            "comments": list(experiment.comments.select_related("author")) if not sweep else [],
+            "comment_action": reverse("dashboard:experiment", args=[experiment.pk])
+            if not sweep
+            else "",
         },
     )
 
 
 @page_params
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    """An experiment's variants aggregated across seeds."""
+    """The one experiment page: its variants aggregated across seeds, its runs and
+    sweeps, new run / sweep builder actions and comments (the form posts here)."""
     experiment = get_object_or_404(Experiment.objects.select_related("owner"), pk=experiment_id)
+    if request.method == "POST":
+        try:
+            services.comment_on_experiment(
+                author=request.user, experiment=experiment, body=request.POST.get("body", "")
+            )
+        except FieldError as exc:
+            messages.error(request, "; ".join(m for _, m in exc.errors))
+        return redirect(reverse("dashboard:experiment", args=[experiment.pk]) + "#comments")
     runs = list(experiment.runs.select_related("owner").order_by("pk"))
     return _variant_page(
         request,
@@ -304,7 +323,7 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
 
 
 # --------------------------------------------------------------------------- compare
-def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | None) -> dict:
+def _compare_context(ids: list[int], baseline_id: int | None, chosen_layer: int | None) -> dict:
     runs = q.runs_in_order(ids)
     ids = [r.pk for r in runs]
     if baseline_id not in ids:
@@ -324,7 +343,7 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
     ]
     moe_runs = [r for r in runs if moe_layers(r.config)]
     all_layers = sorted({layer for r in moe_runs for layer in moe_layers(r.config)})
-    layer = params.layer(request, default=all_layers[0] if all_layers else 0)
+    layer = chosen_layer if chosen_layer is not None else (all_layers[0] if all_layers else 0)
     heatmaps = [
         _chart(
             f"heatmap-{r.pk}",
@@ -346,6 +365,7 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
                 "is_baseline": r.pk == baseline_id,
                 "pin_url": _url("compare", runs=run_param, baseline=r.pk, layer=layer),
                 "marker": q.collapse_marker(r),
+                "facts": run_model_facts(r.config),  # runs of different models line up by step
             }
             for r in runs
         ],
@@ -370,9 +390,8 @@ def _compare_context(request: HttpRequest, ids: list[int], baseline_id: int | No
 @page_params
 def compare(request: HttpRequest) -> HttpResponse:
     """Any set of runs: one chart per metric, config diff, heatmaps side by side."""
-    context = _compare_context(
-        request, params.run_ids(request), params.optional_id(request, "baseline")
-    )
+    query = parse(ComparePageQuery, request)
+    context = _compare_context(query.runs, query.baseline, query.layer)
     return render(request, "dashboard/compare.html", context | {"comparison": None})
 
 
@@ -383,7 +402,9 @@ def comparison_detail(request: HttpRequest, comparison_id: int) -> HttpResponse:
         SavedComparison.objects.select_related("owner"), pk=comparison_id
     )
     context = _compare_context(
-        request, [int(i) for i in comparison.run_ids], comparison.baseline_id
+        [int(i) for i in comparison.run_ids],
+        comparison.baseline_id,
+        parse(ComparePageQuery, request).layer,
     )
     return render(
         request,
@@ -407,11 +428,11 @@ def comparisons_list(request: HttpRequest) -> HttpResponse:
 @page_params
 def stability(request: HttpRequest) -> HttpResponse:
     """The seeds' table per variant from the chosen runs, collapse strip, survival curves."""
-    runs = stability_runs(request)
-    scope = {
-        k: request.GET.get(k, "") for k in ("runs", "experiment", "sweep") if request.GET.get(k)
-    }
-    if not runs:
+    selection = parse(RunSelectionQuery, request)
+    chosen = stability_runs(selection)
+    runs, left_out = split_seeds(chosen, include_stopped=selection.stopped)
+    scope = selection.scope()  # every chosen run, for the charts and the downloads
+    if not chosen:
         return render(
             request,
             "dashboard/stability.html",
@@ -423,13 +444,22 @@ def stability(request: HttpRequest) -> HttpResponse:
         )
     inputs = q.stability_stats(runs)
     rows = stability_table_rows(inputs.stats)
-    verdicts = q.latest_verdicts(r.pk for r in runs)
+    verdicts = q.latest_verdicts(r.pk for r in chosen)
     outcome_by_label = {s.outcome.label: s for s in inputs.stats}
+    left_out_ids = {r.pk for r in left_out}
+    switched = {k: v for k, v in scope.items() if k != "stopped"}
+    if not selection.stopped:
+        switched["stopped"] = 1
     return render(
         request,
         "dashboard/stability.html",
         {
-            "runs": runs,
+            "runs": chosen,
+            "seed_count": len(runs),
+            "left_out": left_out,
+            "include_stopped": selection.stopped,
+            "seed_rule": seed_rule(selection.stopped),
+            "switch_url": _url("stability", **switched),
             "columns": STABILITY_COLUMNS,
             "table": [[row.cells()[field] for field, _ in STABILITY_COLUMNS] for row in rows],
             "per_run": [
@@ -439,13 +469,21 @@ def stability(request: HttpRequest) -> HttpResponse:
                     "variant": q.variant_of(r),
                     "stats": outcome_by_label.get(q.run_label(r)),
                     "verdict": verdicts.get(r.pk),
+                    "not_a_seed": r.pk in left_out_ids,
                 }
-                for r in runs
+                for r in chosen
             ],
             "skipped": inputs.skipped,
+            "survival": survival_rows(rows),
+            "reference": reference_of(rows),
             "charts": [
                 _chart("chart-collapse", _url("stability_chart", ["collapse"], **scope)),
                 _chart("chart-survival", _url("stability_chart", ["survival"], **scope)),
+                *(
+                    [_chart("chart-dose", _url("stability_chart", ["dose"], **scope))]
+                    if dose_layout([row.variant for row in rows])
+                    else []
+                ),
             ],
             "table_csv": _url("stability_table", format="csv", **scope),
             "table_json": _url("stability_table", format="json", **scope),

@@ -1,118 +1,229 @@
-"""Parsing of the query parameters the pages and chart endpoints share."""
+"""The query of every dashboard page and chart endpoint, as one model each.
+
+Parsed with the platform's one query parser (``lab.api.query.parse_query``): bad
+input raises ``trainer.errors.FieldError`` naming the parameter; the chart
+endpoints answer it with 400 JSON, the pages with a 400 naming the field.
+"""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+from typing import Annotated, Any
+
+from django.http import HttpRequest
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from dashboard.charts import DEFAULT_MAX_POINTS, Window
 from dashboard.export import EXPORT_FORMATS
 from dashboard.panels import METRIC_KEY_RE
+from dashboard.queries import SORTS
+from lab.api.query import (
+    OptionalWholeNumber,
+    Q,
+    Query,
+    ascii_id,
+    comma_separated,
+    one_of,
+    parse_query,
+)
+from lab.runs.models import RunStatus
+from trainer.errors import FieldError
 
 MAX_RUNS_PER_REQUEST = 200
-
-
-class BadParameter(ValueError):
-    """A query parameter is malformed; ``field`` names it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-    def response(self) -> JsonResponse:
-        return JsonResponse({"errors": {self.field: [self.message]}}, status=400)
-
-
-def _int(request: HttpRequest, name: str) -> int | None:
-    raw = request.GET.get(name, "").strip()
-    if raw == "":
-        return None
-    try:
-        return int(float(raw))  # live.js sends whole steps; tolerate "120.0"
-    except ValueError:
-        raise BadParameter(name, f"{name} must be an integer") from None
-
-
-def run_ids(request: HttpRequest, name: str = "runs") -> list[int]:
-    """Run ids from ``?runs=1,2&runs=3`` in the order given, without repeats."""
-    ids: list[int] = []
-    for chunk in request.GET.getlist(name):
-        for part in chunk.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if not part.isdigit():
-                raise BadParameter(name, f"{name} must be run ids separated by commas")
-            ids.append(int(part))
-    ids = list(dict.fromkeys(ids))
-    if len(ids) > MAX_RUNS_PER_REQUEST:
-        raise BadParameter(name, f"at most {MAX_RUNS_PER_REQUEST} runs at once")
-    return ids
-
-
-def optional_id(request: HttpRequest, name: str) -> int | None:
-    return _int(request, name)
-
-
-def export_format(request: HttpRequest) -> str | None:
-    fmt = request.GET.get("format", "").strip().lower() or None
-    if fmt is not None and fmt not in EXPORT_FORMATS:
-        raise BadParameter("format", f"format must be one of: {', '.join(sorted(EXPORT_FORMATS))}")
-    return fmt
-
-
-def window(request: HttpRequest, *, export: bool = False) -> Window:
-    """``?max_points=&start=&end=``. A download without max_points is full resolution."""
-    max_points = _int(request, "max_points")
-    if max_points is None and not export:
-        max_points = DEFAULT_MAX_POINTS
-    try:
-        return Window(max_points, _int(request, "start"), _int(request, "end"))
-    except ValueError as exc:
-        field = "max_points" if "max_points" in str(exc) else "start"
-        raise BadParameter(field, str(exc)) from None
-
-
-def metric_key(request: HttpRequest) -> str:
-    key = request.GET.get("key", "")
-    if not METRIC_KEY_RE.match(key):
-        raise BadParameter("key", "give a metric key, e.g. key=mismatch/kl_k3")
-    return key
-
-
 MAX_KEYS = 64
 
 
-def metric_keys(request: HttpRequest) -> list[str]:
-    """``?keys=a,b,c``: the metrics of a chart group, in order, at least one."""
-    keys = list(dict.fromkeys(k for k in request.GET.get("keys", "").split(",") if k))
+def parse(model: type[Q], request: HttpRequest) -> Q:
+    """``request.GET`` as ``model`` (raises ``FieldError``)."""
+    return parse_query(model, request.GET)
+
+
+# --------------------------------------------------------------------------- field types
+def _run_ids(value: Any, info: ValidationInfo) -> list[int]:
+    """Run ids from ``?runs=1,2&runs=3`` in the order given, without repeats."""
+    name = info.field_name
+    parts = value if isinstance(value, list) else [value]
+    ids: list[int] = []
+    for part in parts:
+        run_id = ascii_id(part)  # ASCII digits inside a 64-bit integer ("²", 10**30: no)
+        if run_id is None:
+            raise ValueError(f"{name} must be run ids separated by commas")
+        ids.append(run_id)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > MAX_RUNS_PER_REQUEST:
+        raise ValueError(f"at most {MAX_RUNS_PER_REQUEST} runs at once")
+    return ids
+
+
+# Before-validators run last to first: split on commas, then check the ids.
+RunIds = Annotated[list[int], BeforeValidator(_run_ids), BeforeValidator(comma_separated)]
+
+
+def _metric_key(value: Any) -> str:
+    if not isinstance(value, str) or not METRIC_KEY_RE.match(value):
+        raise ValueError("give a metric key, e.g. key=mismatch/kl_k3")
+    return value
+
+
+MetricKey = Annotated[str, BeforeValidator(_metric_key)]
+
+
+def _metric_keys(value: Any) -> list[str]:
+    keys = list(dict.fromkeys(comma_separated(value)))
     if not keys or len(keys) > MAX_KEYS or not all(METRIC_KEY_RE.match(k) for k in keys):
-        raise BadParameter("keys", f"give 1 to {MAX_KEYS} metric keys, e.g. keys=a/b,c/d")
+        raise ValueError(f"give 1 to {MAX_KEYS} metric keys, e.g. keys=a/b,c/d")
     return keys
 
 
-def choice(request: HttpRequest, name: str, choices: tuple[str, ...]) -> str:
-    """``?name=`` as one of ``choices``; the first is the default."""
-    value = request.GET.get(name, choices[0])
-    if value not in choices:
-        raise BadParameter(name, f"{name} must be {' or '.join(choices)}")
-    return value
+def _export_format(value: Any) -> str | None:
+    fmt = str(value or "").strip().lower() or None
+    if fmt is not None and fmt not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of: {', '.join(sorted(EXPORT_FORMATS))}")
+    return fmt
 
 
-def heatmap_scale(request: HttpRequest) -> str:
-    """``auto`` (each heatmap its own color range) or ``shared`` (a fixed range)."""
-    return choice(request, "scale", ("auto", "shared"))
+ExportFormat = Annotated[str | None, BeforeValidator(_export_format)]
 
 
-def band(request: HttpRequest) -> str:
-    """``minmax`` or ``std``: the band drawn around a variant's mean over seeds."""
-    return choice(request, "band", ("minmax", "std"))
+# --------------------------------------------------------------------------- chart endpoints
+class ChartQuery(Query):
+    """``?max_points=&start=&end=&format=`` of every chart endpoint. A download
+    (``format``) without max_points is full resolution."""
+
+    max_points: OptionalWholeNumber = None
+    start: OptionalWholeNumber = None
+    end: OptionalWholeNumber = None
+    format: ExportFormat = None
+
+    @model_validator(mode="after")
+    def _window_is_valid(self) -> ChartQuery:
+        self.window  # noqa: B018 - raises FieldError naming the field
+        return self
+
+    @property
+    def window(self) -> Window:
+        max_points = self.max_points
+        if max_points is None and self.format is None:
+            max_points = DEFAULT_MAX_POINTS
+        try:
+            return Window(max_points, self.start, self.end)
+        except ValueError as exc:
+            field = "max_points" if "max_points" in str(exc) else "start"
+            raise FieldError([(field, str(exc))]) from None
 
 
-def layer(request: HttpRequest, default: int = 0) -> int:
-    value = _int(request, "layer")
-    if value is None:
-        return default
-    if value < 0:
-        raise BadParameter("layer", "layer must be a non-negative integer")
-    return value
+class RunChartQuery(ChartQuery):
+    """One metric of a run; ``baseline`` 0 hides the pinned baseline."""
+
+    key: MetricKey = Field("", validate_default=True)  # missing: the same message as bad
+    baseline: OptionalWholeNumber = None
+
+
+class HeatmapQuery(ChartQuery):
+    layer: OptionalWholeNumber = 0
+    scale: one_of("auto", "shared") = "auto"  # shared: the compare page's color range
+
+    @field_validator("layer")
+    @classmethod
+    def _layer_not_negative(cls, value: int | None) -> int:
+        if value is not None and value < 0:
+            raise ValueError("layer must be a non-negative integer")
+        return value or 0
+
+
+class CompareChartQuery(ChartQuery):
+    runs: RunIds = []
+    key: MetricKey = Field("", validate_default=True)
+    baseline: OptionalWholeNumber = None
+
+
+class CompareChartsQuery(ChartQuery):
+    """A chart group: several metrics, drawn whole (no zoom window)."""
+
+    runs: RunIds = []
+    keys: Annotated[list[str], BeforeValidator(_metric_keys)] = Field("", validate_default=True)
+    baseline: OptionalWholeNumber = None
+
+    @model_validator(mode="after")
+    def _drawn_whole(self) -> CompareChartsQuery:
+        if self.start is not None or self.end is not None:
+            raise FieldError(
+                [("start", "a chart group is drawn whole; zoom through compare/chart")]
+            )
+        return self
+
+
+class VariantChartQuery(ChartQuery):
+    key: MetricKey = Field("", validate_default=True)
+    band: one_of("minmax", "std") = "minmax"  # around the mean over seeds
+
+
+class RunSelectionQuery(Query):
+    """The runs of a stability review: ``?runs=`` (repeated or comma separated),
+    else all of ``?experiment=`` or ``?sweep=``."""
+
+    runs: RunIds = []
+    experiment: OptionalWholeNumber = None
+    sweep: OptionalWholeNumber = None
+    format: ExportFormat = None
+    # Count cancelled and failed runs as seeds (dashboard/seeds.py); off by default.
+    stopped: bool = False
+
+    def scope(self) -> dict[str, str | int]:
+        """The selection as query parameters for the review's charts and downloads:
+        every chosen run, however the ids were given, and the seed switch."""
+        extra: dict[str, str | int] = {"stopped": 1} if self.stopped else {}
+        if self.runs:
+            return {"runs": ",".join(map(str, self.runs)), **extra}
+        if self.experiment is not None:
+            return {"experiment": self.experiment, **extra}
+        if self.sweep is not None:
+            return {"sweep": self.sweep, **extra}
+        return {}
+
+
+# --------------------------------------------------------------------------- pages
+def _trimmed(limit: int) -> Any:
+    return BeforeValidator(lambda value: str(value).strip()[:limit])
+
+
+class RunsListQuery(Query):
+    """The runs list's filters. Unknown statuses and sorts show everything, newest first."""
+
+    experiment: OptionalWholeNumber = None
+    status: str = ""
+    tag: Annotated[str, _trimmed(50)] = ""
+    owner: Annotated[str, _trimmed(150)] = ""
+    queue: Annotated[str, _trimmed(64)] = ""
+    sort: str = "newest"
+    page: str | None = None
+
+    @field_validator("status")
+    @classmethod
+    def _known_status(cls, value: str) -> str:
+        return value if value in RunStatus.values else ""
+
+    @field_validator("sort")
+    @classmethod
+    def _known_sort(cls, value: str) -> str:
+        return value if value in SORTS else "newest"
+
+
+class RunPageQuery(Query):
+    baseline: OptionalWholeNumber = None
+
+
+class VariantPageQuery(Query):
+    band: one_of("minmax", "std") = "minmax"
+
+
+class ComparePageQuery(Query):
+    runs: RunIds = []
+    baseline: OptionalWholeNumber = None
+    layer: OptionalWholeNumber = None
+
+    @field_validator("layer")
+    @classmethod
+    def _layer_not_negative(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError("layer must be a non-negative integer")
+        return value

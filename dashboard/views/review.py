@@ -13,12 +13,13 @@ from django.views.decorators.http import require_POST
 
 from dashboard import services
 from dashboard.models import SavedComparison, Verdict
-from experiments.models import Experiment
-from runs.models import Run
-from trainer.config import ConfigError
+from lab.api.query import ascii_id
+from lab.experiments.models import Experiment
+from lab.runs.models import Run
+from trainer.errors import FieldError
 
 
-def _error(request: HttpRequest, exc: ConfigError) -> None:
+def _error(request: HttpRequest, exc: FieldError) -> None:
     for path, message in exc.errors:
         messages.error(request, f"{path}: {message}")
 
@@ -30,7 +31,7 @@ def _run_url(run: Run, anchor: str = "") -> str:
 @login_required
 @require_POST
 def verdict_run(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_object_or_404(Run, pk=run_id)
+    run = get_object_or_404(Run.objects.select_related("experiment"), pk=run_id)
     try:
         services.set_verdict(
             author=request.user,
@@ -38,8 +39,10 @@ def verdict_run(request: HttpRequest, run_id: int) -> HttpResponse:
             label=request.POST.get("label", ""),
             note=request.POST.get("note", ""),
         )
-    except ConfigError as exc:
+    except FieldError as exc:
         _error(request, exc)
+    except services.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     return redirect(_run_url(run, "review"))
 
 
@@ -57,8 +60,11 @@ def withdraw_verdict(request: HttpRequest, verdict_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def pin_run(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_object_or_404(Run, pk=run_id)
-    services.pin_baseline(user=request.user, run=run)
+    run = get_object_or_404(Run.objects.select_related("experiment"), pk=run_id)
+    try:
+        services.pin_baseline(user=request.user, run=run)
+    except services.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     messages.success(request, f"Run #{run.pk} is now the baseline of its experiment's charts.")
     return redirect(_run_url(run))
 
@@ -67,7 +73,10 @@ def pin_run(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def unpin_experiment(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = get_object_or_404(Experiment, pk=experiment_id)
-    services.unpin_baseline(user=request.user, experiment=experiment)
+    try:
+        services.unpin_baseline(user=request.user, experiment=experiment)
+    except services.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     back = request.POST.get("next", "")
     if back.startswith("/") and not back.startswith("//"):
         return redirect(back)
@@ -75,7 +84,8 @@ def unpin_experiment(request: HttpRequest, experiment_id: int) -> HttpResponse:
 
 
 def _ids(raw: str) -> list[int]:
-    return [int(p) for p in raw.replace(" ", "").split(",") if p.isdigit()]
+    ids = (ascii_id(p) for p in raw.replace(" ", "").split(","))
+    return [i for i in ids if i is not None]
 
 
 @login_required
@@ -88,9 +98,9 @@ def save_comparison(request: HttpRequest) -> HttpResponse:
             owner=request.user,
             name=request.POST.get("name", ""),
             run_ids=run_ids,
-            baseline_id=int(baseline) if baseline.isdigit() else None,
+            baseline_id=ascii_id(baseline),
         )
-    except ConfigError as exc:
+    except FieldError as exc:
         _error(request, exc)
         query = f"?runs={','.join(map(str, run_ids))}" if run_ids else ""
         return redirect(reverse("dashboard:compare") + query)
@@ -118,6 +128,6 @@ def comment_comparison(request: HttpRequest, comparison_id: int) -> HttpResponse
         services.comment_on_comparison(
             author=request.user, comparison=comparison, body=request.POST.get("body", "")
         )
-    except ConfigError as exc:
+    except FieldError as exc:
         _error(request, exc)
     return redirect(comparison.get_absolute_url() + "#comments")

@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from teams import share
 
-from experiments.services import create_experiment
-from runs import services as run_services
-from runs.models import Run, RunStatus
+from lab.experiments.services import create_experiment
+from lab.runs import lifecycle
+from lab.runs.metrics.ingest import ingest_metrics
+from lab.runs.metrics.seal import seal_metrics
+from lab.runs.models import Run, RunStatus
 
 
 @pytest.fixture
@@ -55,7 +58,9 @@ def make_run(user, experiment) -> Callable[..., Run]:
         experiment_=None,
         queue: str | None = None,
     ) -> Run:
-        run = run_services.submit_run(
+        if owner is not None and owner != (experiment_ or experiment).owner:
+            share(experiment_ or experiment, owner)  # a teammate's run
+        run = lifecycle.submit_run(
             owner=owner or user,
             experiment=experiment_ or experiment,
             preset=preset,
@@ -64,11 +69,11 @@ def make_run(user, experiment) -> Callable[..., Run]:
             queue=queue,
         )
         if records:
-            run_services.ingest_metrics(run.pk, records)
+            ingest_metrics(run.pk, records)
         # current_step counts the steps stored (the worker's steps_done): last step + 1
         done = max((r["step"] + 1 for r in records), default=0)
         Run.objects.filter(pk=run.pk).update(status=status, summary=summary, current_step=done)
-        run_services.seal_metrics(run.pk)  # as a worker's finish does (a no-op unless final)
+        seal_metrics(run.pk)  # as a worker's finish does (a no-op unless final)
         run.refresh_from_db()
         return run
 

@@ -10,12 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from runs.models import RunStatus
+from lab.runs.models import RunStatus
 from tests.dashboard.conftest import payload_traces, plotly_array, records
+from trainer.metric_keys import metric_spec
 
 N_STEPS = 5000
 SPIKE_STEP = 3217
 SPIKE = 0.5
+# KL is drawn in the registry's display unit, ×1e-3 (trainer/metric_keys.py).
+KL_SHOWN = metric_spec("mismatch/kl_k3").scale
 
 
 def kl(step: int) -> float:
@@ -43,7 +46,7 @@ def test_run_chart_downsampled_keeps_the_spike(alice, long_run):
     (trace,) = payload_traces(response)
     assert trace["meta"]["role"] == "run"
     assert len(trace["x"]) <= 200
-    assert trace["y"].max() == SPIKE
+    assert trace["y"].max() == pytest.approx(SPIKE * KL_SHOWN)  # drawn ×1e-3
     assert SPIKE_STEP in trace["x"].astype(int).tolist()
     assert trace["x"][0] == 0 and trace["x"][-1] == N_STEPS - 1
 
@@ -56,7 +59,7 @@ def test_zoom_window_is_full_resolution(alice, long_run):
     (trace,) = payload_traces(response)
     # every step of the window, plus one neighbour outside each edge
     assert trace["x"].astype(int).tolist() == list(range(3199, 3302))
-    np.testing.assert_allclose(trace["y"], [kl(s) for s in range(3199, 3302)])
+    np.testing.assert_allclose(trace["y"], [kl(s) * KL_SHOWN for s in range(3199, 3302)])
 
 
 def _csv_rows(response) -> list[dict[str, str]]:
@@ -72,12 +75,12 @@ def test_csv_download_is_full_resolution_unless_max_points(alice, long_run):
     rows = _csv_rows(response)
     assert len(rows) == N_STEPS
     assert rows[SPIKE_STEP]["x"] == str(SPIKE_STEP)
-    assert float(rows[SPIKE_STEP]["y"]) == SPIKE
+    assert float(rows[SPIKE_STEP]["y"]) == pytest.approx(SPIKE * KL_SHOWN)
     thinned = _csv_rows(
         alice.get(url, {"key": "mismatch/kl_k3", "format": "csv", "max_points": 50})
     )
     assert len(thinned) <= 50
-    assert max(float(r["y"]) for r in thinned) == SPIKE
+    assert max(float(r["y"]) for r in thinned) == pytest.approx(SPIKE * KL_SHOWN)
 
 
 def test_json_download_skips_missing_keys_and_keeps_stored_nulls_as_gaps(alice, make_run):
@@ -261,7 +264,7 @@ def test_run_without_metrics_draws_a_message(alice, make_run):
     run = make_run(status=RunStatus.QUEUED)
     body = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
     assert body["running"] is True
-    assert "no data yet" in body["figure"]["layout"]["annotations"][0]["text"]
+    assert "waiting for the first step" in body["figure"]["layout"]["annotations"][0]["text"]
 
 
 def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
@@ -283,7 +286,7 @@ def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
         assert body["charts"][key] == single.json()
     kl = body["charts"]["mismatch/kl_k3"]["figure"]["data"][0]
     assert len(plotly_array(kl["x"])) <= 200
-    assert max(plotly_array(kl["y"])) == SPIKE  # the one-step spike survives
+    assert max(plotly_array(kl["y"])) == pytest.approx(SPIKE * KL_SHOWN)  # the spike survives
 
     assert alice.get("/dashboard/compare/charts", {"runs": runs}).status_code == 400
     bad = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a b"})
@@ -291,3 +294,15 @@ def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
     zoomed = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b", "start": 5})
     assert zoomed.status_code == 400
     assert client.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b"}).status_code == 401
+
+
+def test_parameter_errors_keep_their_messages(alice, make_run):
+    run = make_run()
+    url = f"/dashboard/runs/{run.pk}/chart"
+    missing = alice.get(url).json()["errors"]
+    assert missing == {"key": ["give a metric key, e.g. key=mismatch/kl_k3"]}
+    assert alice.get(url, {"key": "reward/accuracy", "start": "inf"}).json()["errors"] == {
+        "start": ["start must be an integer"]
+    }
+    bad_runs = alice.get("/dashboard/compare/chart", {"runs": "1,²", "key": "reward/accuracy"})
+    assert bad_runs.json()["errors"] == {"runs": ["runs must be run ids separated by commas"]}

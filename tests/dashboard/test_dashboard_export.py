@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from dashboard.downsample import downsample
 from dashboard.export import export_body, figure_data, figure_payload, figure_to_csv, figure_to_json
 from dashboard.figures import collapse_strip, expert_heatmap, metric_lines
+from lab.runs.metrics.downsample import downsample
 from trainer import metric_keys as mk
 
 
@@ -31,9 +31,9 @@ def test_csv_of_line_chart_is_long_format_with_empty_gaps():
 
 
 def test_json_export_has_titles_traces_and_nulls():
-    fig = metric_lines({"r1": ([0, 1], [np.nan, 0.25])}, mk.MISMATCH_KL_K3)
+    fig = metric_lines({"r1": ([0, 1], [np.nan, 0.25])}, mk.POLICY_GRAD_NORM)
     data = json.loads(figure_to_json(fig))
-    assert data["title"] == data["y_title"] == "training-inference KL (k3)"
+    assert data["title"] == data["y_title"] == "gradient norm"
     assert data["x_title"] == "step"
     assert data["traces"] == [{"name": "r1", "type": "scatter", "x": [0, 1], "y": [None, 0.25]}]
 
@@ -43,7 +43,7 @@ def test_export_matches_the_downsampled_series_drawn():
     values = np.zeros(10_000)
     values[1234] = 9.0
     x, y = downsample(steps, values, 100)
-    fig = metric_lines({"r": (x, y)}, mk.MISMATCH_KL_K3)
+    fig = metric_lines({"r": (x, y)}, mk.POLICY_GRAD_NORM)
     (trace,) = figure_data(fig)["traces"]
     assert trace["x"] == x.tolist() and trace["y"] == y.tolist()
     rows = list(csv.DictReader(io.StringIO(figure_to_csv(fig))))
@@ -86,10 +86,10 @@ def test_export_body_formats():
 def test_live_payload_carries_figure_and_running_flag():
     x = np.arange(4)
     y = np.array([0.1, np.nan, 0.3, 0.4])
-    fig = metric_lines({"r": (x, y)}, mk.MISMATCH_KL_K3)
+    fig = metric_lines({"r": (x, y)}, mk.POLICY_GRAD_NORM)
     body = json.loads(figure_payload(fig, running=True, window=[0, 3]))
     assert body["running"] is True and body["window"] == [0, 3]
-    assert body["figure"]["layout"]["uirevision"] == mk.MISMATCH_KL_K3
+    assert body["figure"]["layout"]["uirevision"] == mk.POLICY_GRAD_NORM
     trace = body["figure"]["data"][0]
     # numpy arrays travel as plotly.js typed arrays (base64), NaN kept as a gap
     decoded = np.frombuffer(base64.b64decode(trace["y"]["bdata"]), dtype=trace["y"]["dtype"])

@@ -40,7 +40,7 @@ def test_metric_lines_overlays_runs_with_page_colours():
     colors = {"r1": "#1f5fa8", "r2": "#c0392b"}
     fig = metric_lines(
         {"r1": (STEPS, [1, 2, 3, 4, 5]), "r2": (STEPS, [5, 4, 3, 2, 1])},
-        mk.MISMATCH_KL_K3,
+        mk.POLICY_GRAD_NORM,
         colors=colors,
     )
     traces = _by_name(fig)
@@ -49,8 +49,8 @@ def test_metric_lines_overlays_runs_with_page_colours():
     assert traces["r2"].y.tolist() == [5, 4, 3, 2, 1]
     assert traces["r1"].line.color == "#1f5fa8" and traces["r2"].line.color == "#c0392b"
     assert fig.layout.hovermode == "x unified"
-    assert fig.layout.uirevision == mk.MISMATCH_KL_K3  # constant: live updates keep zoom
-    assert fig.layout.yaxis.title.text == metric_title(mk.MISMATCH_KL_K3)
+    assert fig.layout.uirevision == mk.POLICY_GRAD_NORM  # constant: live updates keep zoom
+    assert fig.layout.yaxis.title.text == metric_title(mk.POLICY_GRAD_NORM)
     assert fig.layout.xaxis.title.text == "step"
 
 
@@ -144,7 +144,7 @@ def test_seed_band_downsampling_keeps_a_spike_in_the_band():
     quiet = np.full(5_000, 0.001)
     spiky = quiet.copy()
     spiky[4_321] = 0.2
-    fig = seed_band({"v": [(steps, quiet), (steps, spiky)]}, mk.MISMATCH_KL_K3, max_points=200)
+    fig = seed_band({"v": [(steps, quiet), (steps, spiky)]}, mk.POLICY_GRAD_NORM, max_points=200)
     traces = {t.meta["role"]: t for t in fig.data if t.meta["role"] != "seed"}
     assert len(traces["mean"].x) <= 200
     assert traces["band_upper"].y.max() == 0.2
@@ -300,3 +300,38 @@ def test_short_runs_get_one_tick_per_step():
     assert band.layout.xaxis.dtick == 1
     heat = expert_heatmap([0, 1], np.full((2, 2), 0.5), layer=0)
     assert heat.layout.xaxis.dtick == 1
+
+
+def test_kl_is_drawn_in_the_tables_unit_never_with_si_prefixes():
+    """One notation: the chart's KL axis and values are ×1e-3, like the stability table."""
+    fig = metric_lines({"r": (STEPS, [4e-5, 5e-5, 6e-5, 5e-5, 4e-5])}, mk.MISMATCH_KL_K3)
+    assert fig.layout.yaxis.title.text == "training-inference KL (k3) (×1e-3)"
+    np.testing.assert_allclose(fig.data[0].y, [0.04, 0.05, 0.06, 0.05, 0.04])
+    band = seed_band({"v": [(STEPS, [2e-3] * 5)]}, mk.MISMATCH_KL_K3)
+    mean = next(t for t in band.data if t.meta["role"] == "mean")
+    np.testing.assert_allclose(mean.y, [2.0] * 5)
+    assert fig.layout.template.layout.yaxis.exponentformat == "e"  # never "40μ"
+    from dashboard.stability import STABILITY_COLUMNS
+
+    assert ("kl_k3_x1e3", "training-inference KL (×1e-3)") in STABILITY_COLUMNS
+
+
+def test_percent_ticks_have_the_decimals_the_range_needs():
+    from dashboard.style import share_tickformat
+
+    assert share_tickformat([[0.0, 0.012]]) == ".1%"  # 0%, 0.2%, ... not 0%, 0%, 1%
+    assert share_tickformat([[0.1, 0.9]]) == ".0%"
+    assert share_tickformat([[0.0, 0.0004]]) == ".3%"
+    assert share_tickformat([[np.nan]]) == ".0%"
+    fig = metric_lines({"r": (STEPS, [0.001, 0.004, 0.008, 0.01, 0.012])}, mk.REWARD_ACCURACY)
+    assert fig.layout.yaxis.tickformat == ".1%"
+
+
+def test_legend_sits_below_the_plot():
+    fig = metric_lines({"a-very-long-run-name-" * 4: (STEPS, [1.0] * 5)}, mk.REWARD_MEAN)
+    assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"
+
+
+def test_an_empty_chart_is_a_placeholder_card():
+    fig = empty_figure("accuracy: waiting for the first step")
+    assert fig.layout.meta == {"placeholder": "accuracy: waiting for the first step"}

@@ -120,3 +120,29 @@ def test_pages_js_writes_text_never_html():
     source = PAGES_JS.read_text(encoding="utf-8")
     assert "textContent" in source
     assert "innerHTML" not in source and "insertAdjacentHTML" not in source
+
+
+def test_registry_specs_are_known_scalar_keys_in_known_sections():
+    from trainer import metric_keys as mk
+
+    assert set(mk.METRIC_SPECS) <= set(mk.SCALAR_KEYS)
+    sections = {s.section for s in mk.METRIC_SPECS.values()} - {None}
+    assert sections == set(mk.RUN_PAGE_SECTIONS)
+    assert mk.metric_spec(mk.experts_load(2)).title == "expert load, layer 2"
+    assert mk.metric_spec("some/new_key").title == "some/new_key"
+    share = mk.metric_spec(mk.REWARD_ACCURACY)
+    assert (share.axis_format, share.hover_format) == (".0%", ".2%")
+
+
+def test_axis_and_hover_formats_come_from_the_registry(monkeypatch):
+    from dashboard.figures import metric_lines
+    from trainer import metric_keys as mk
+
+    spec = mk.MetricSpec("time/step_s", "step time", "s", log_scale=True)
+    monkeypatch.setitem(mk.METRIC_SPECS, spec.key, spec)
+    fig = metric_lines({"run": ([0, 1], [0.5, 2.0])}, spec.key)
+    assert fig.layout.yaxis.type == "log"
+    assert fig.layout.yaxis.title.text == "step time (s)"
+    assert fig.data[0].hovertemplate == "%{y:.4g}"
+    share = metric_lines({"run": ([0, 1], [0.5, 0.6])}, mk.REWARD_ACCURACY)
+    assert share.layout.yaxis.tickformat == ".0%" and share.layout.yaxis.rangemode == "nonnegative"

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from experiments.services import create_experiment
-from runs import services as run_services
-from runs.models import Run, RunStatus
+from lab.experiments.services import create_experiment
+from lab.runs import sweeps
+from lab.runs.metrics.ingest import ingest_metrics
+from lab.runs.models import Run, RunStatus
 from tests.dashboard.conftest import records
 
 PAGES = [
@@ -147,13 +148,13 @@ def test_dense_run_page_leaves_out_moe_charts(alice, make_run):
 
 def test_compare_page_diffs_only_differing_fields(alice, make_run):
     a = make_run(seed=0)
-    b = make_run(seed=1, overrides={"stabilizers.routing_replay": "r3"})
+    b = make_run(seed=1, overrides={"stabilizers.replay.mode": "r3"})
     page = alice.get(
         "/dashboard/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}
     ).content.decode()
     diff = page.split('class="config-diff"')[1].split("</table>")[0]
     assert "<code>run.seed</code>" in diff
-    assert "<code>stabilizers.routing_replay</code>" in diff
+    assert "<code>stabilizers.replay.mode</code>" in diff
     assert "model.n_experts" not in diff  # equal in both runs
     assert f"runs={a.pk}%2C{b.pk}" in page and f"baseline={b.pk}" in page
     assert f'id="heatmap-{a.pk}"' in page and f'id="heatmap-{b.pk}"' in page
@@ -179,20 +180,65 @@ def test_experiment_page_lists_variants_and_band_charts(alice, make_run, experim
 
 
 def test_sweep_page_groups_grid_points(alice, user, experiment):
-    sweep = run_services.create_sweep(
+    sweep = sweeps.create_sweep(
         owner=user,
         experiment=experiment,
         base_config=experiment.base_config,
-        grid={"stabilizers.routing_replay": ["none", "r3"]},
+        grid={"stabilizers.replay.mode": ["none", "r3"]},
         seeds=[0, 1],
         queue="cpu",
         name="replay sweep",
     )
     for run in sweep.runs.all():
-        run_services.ingest_metrics(run.pk, records(5, reward__accuracy=lambda s: 0.5))
+        ingest_metrics(run.pk, records(5, reward__accuracy=lambda s: 0.5))
     page = alice.get(f"/dashboard/sweeps/{sweep.pk}/").content.decode()
     assert "Sweep: replay sweep" in page
-    assert "routing_replay=none" in page and "routing_replay=r3" in page
+    assert "mode=none" in page and "mode=r3" in page
     response = alice.get(f"/dashboard/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
     variants = {t["meta"]["variant"] for t in response.json()["figure"]["data"]}
-    assert variants == {"routing_replay=none", "routing_replay=r3"}
+    assert variants == {"mode=none", "mode=r3"}
+
+
+def test_run_page_is_the_one_run_page(alice, make_run):
+    """Cancel/delete, clone, summary, config and comments live on the dashboard run page;
+    the platform's old run URL redirects here."""
+    run = make_run(summary={"final_accuracy": 0.75})
+    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    assert f'href="/experiments/{run.experiment_id}/runs/new?clone={run.pk}"' in page
+    assert f'action="/runs/{run.pk}/delete"' in page
+    assert "<h2>Summary</h2>" in page and "<h2>Config</h2>" in page
+    assert 'id="comments"' in page and f'action="/dashboard/runs/{run.pk}/"' in page
+    moved = alice.get(f"/runs/{run.pk}/")
+    assert moved.status_code == 301 and moved["Location"] == f"/dashboard/runs/{run.pk}/"
+
+
+def test_experiment_page_is_the_one_experiment_page(alice, make_run, experiment):
+    run = make_run(summary={"final_accuracy": 0.75})
+    page = alice.get(f"/dashboard/experiments/{experiment.pk}/").content.decode()
+    assert "New run" in page and "Sweep builder" in page and "0.750" in page
+    assert f'href="/dashboard/runs/{run.pk}/"' in page and 'id="comments"' in page
+    moved = alice.get(f"/experiments/{experiment.pk}/")
+    assert moved.status_code == 301
+    assert moved["Location"] == f"/dashboard/experiments/{experiment.pk}/"
+
+
+def test_a_new_registry_entry_is_charted_with_no_other_change(alice, make_run, monkeypatch):
+    """Charting a metric is one MetricSpec in trainer.metric_keys: the run page shows
+    it in its section (a new section after the known ones), titled from the spec,
+    and its chart endpoint formats the axis from the spec."""
+    from trainer import metric_keys as mk
+
+    spec = mk.MetricSpec(
+        "router/aux_share", "aux share of routed tokens", mk.SHARE, section="Router extras"
+    )
+    monkeypatch.setitem(mk.METRIC_SPECS, spec.key, spec)
+    run = make_run(records=records(5, router__aux_share=lambda s: 0.25))
+    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    section = page.split("<h2>Router extras</h2>")[1].split("</section>")[0]
+    assert "key=router%2Faux_share" in section
+    assert page.index("<h2>Router extras</h2>") > page.index("<h2>Gradients</h2>")
+    chart = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": spec.key}).json()["figure"]
+    assert chart["layout"]["yaxis"]["title"]["text"] == "aux share of routed tokens"
+    assert chart["layout"]["yaxis"]["tickformat"] == ".0%"
+    compare = alice.get("/dashboard/compare/", {"runs": run.pk}).content.decode()
+    assert "key=router%2Faux_share" in compare

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from dashboard import services
-from runs.models import RunStatus
+from lab.runs.models import RunStatus
 from tests.dashboard.conftest import records
 
 
@@ -93,7 +93,7 @@ def test_runs_list_does_not_grow_with_runs(alice, run_sets, django_assert_num_qu
 def test_experiment_page_and_chart_do_not_grow_with_runs(
     alice, make_run, user, django_assert_num_queries
 ):
-    from experiments.services import create_experiment
+    from lab.experiments.services import create_experiment
 
     counts = []
     for n in (2, 7):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from teams import share
 
 from dashboard.models import BaselinePin, ComparisonComment, SavedComparison, Verdict
-from runs.models import Comment
+from lab.runs.models import Comment
 from tests.dashboard.conftest import payload_traces, records
 
 XSS = '<script>alert("x")</script>\nsecond line & more'
@@ -38,6 +39,7 @@ def test_verdicts_latest_wins_and_only_author_or_staff_withdraw(
     alice, client_for, other_user, staff_user, user, make_run
 ):
     run = make_run()
+    share(run.experiment, other_user)  # bob is on alice's team
     bob = client_for(other_user)
     assert alice.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
     assert (
@@ -71,7 +73,7 @@ def two_runs(make_run):
     b = make_run(
         seed=1,
         records=records(10, reward__accuracy=lambda s: 0.6),
-        overrides={"stabilizers.routing_replay": "r3"},
+        overrides={"stabilizers.replay.mode": "r3"},
     )
     return a, b
 
@@ -89,7 +91,7 @@ def test_saved_comparison_has_a_shareable_url(alice, client_for, other_user, two
     page = client_for(other_user).get(f"/dashboard/comparisons/{saved.pk}/").content.decode()
     assert "Comparison: r3 vs none" in page
     assert f"baseline={a.pk}" in page
-    assert "stabilizers.routing_replay" in page
+    assert "stabilizers.replay.mode" in page
     assert "Delete this comparison" not in page  # bob is not the owner
     assert "r3 vs none" in alice.get("/dashboard/comparisons/").content.decode()
 

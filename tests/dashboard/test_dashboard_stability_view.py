@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from runs.models import RunStatus
+from lab.runs.models import RunStatus
 from tests.dashboard.conftest import payload_traces, records
 
 
@@ -139,3 +139,47 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
 def test_stability_page_without_runs_offers_experiments(alice, experiment):
     html = alice.get("/dashboard/stability/").content.decode()
     assert f"/dashboard/stability/?experiment={experiment.pk}" in html
+
+
+def test_repeated_runs_parameter_reaches_every_consumer(alice, study):
+    """``?runs=4&runs=3&runs=2`` (the runs list's checkboxes) is three runs for the
+    table, the charts and the CSV/JSON downloads alike, not just the last one."""
+    _, runs = study
+    chosen = [runs[0].pk, runs[3].pk, runs[5].pk]  # variants none, r3, tis
+    query = "&".join(f"runs={pk}" for pk in chosen)
+    html = alice.get(f"/dashboard/stability/?{query}").content.decode()
+    assert {cells[0] for cells in _table(html)} == {"none", "r3", "tis"}
+    joined = "%2C".join(map(str, chosen))
+    links = re.findall(r'"(/dashboard/stability/(?:chart|table)[^"]*)"', html)
+    assert len(links) >= 4  # two charts, CSV and JSON
+    assert all(f"runs={joined}" in link for link in links), links
+    table = alice.get(f"/dashboard/stability/table?{query}&format=csv").content.decode()
+    assert {row["variant"] for row in csv.DictReader(io.StringIO(table))} == {"none", "r3", "tis"}
+    rows = alice.get(f"/dashboard/stability/table?{query}").json()["rows"]
+    assert len(rows) == 3
+    survival = alice.get(f"/dashboard/stability/chart/survival?{query}").json()
+    names = " ".join(t.get("name") or "" for t in survival["figure"]["data"])
+    assert all(variant in names for variant in ("none", "r3", "tis")), names
+
+
+def test_stability_page_shows_log_rank_median_ci_and_the_dose_chart(alice, make_run):
+    runs = [
+        _run(make_run, "moe-grpo-fp8", 0, kl=5e-3, collapse=40),
+        _run(make_run, "moe-grpo-fp8", 1, kl=5e-3, collapse=60),
+        _run(make_run, "moe-grpo-fp32", 0, kl=1e-9),
+        _run(make_run, "moe-grpo-fp32", 1, kl=1e-9),
+    ]
+    ids = ",".join(str(r.pk) for r in runs)
+    html = alice.get("/dashboard/stability/", {"runs": ids}).content.decode()
+    body = html.split('class="survival-stats"')[1].split("</table>")[0]
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in body.split("</tr>") if "<td>" in row]
+    # no moe-grpo variant: the first one is the reference
+    assert rows[0][:4] == ["moe-grpo-fp8", "2/2", "40 [40, 60]", "-"]
+    # fp32: both censored at 99. Log-rank vs fp8 (events 40, 60): t=40 n=2+2, E=.5, V=.25;
+    # t=60 n=2+1, E=2/3, V=2/9; O=0: chi2 = (7/6)^2 / (17/36) = 2.882, p = erfc(1.2004)
+    assert rows[1][:4] == ["moe-grpo-fp32", "0/2", "not reached (&gt; 99)", "0.0896"]
+    assert "/dashboard/stability/chart/dose?runs=" in html
+    chart = alice.get("/dashboard/stability/chart/dose", {"runs": ids})
+    assert chart.status_code == 200
+    (trace,) = chart.json()["figure"]["data"]  # categorical x: read it raw
+    assert trace["x"] == ["fp32", "fp8"] and trace["text"] == ["0/2", "2/2"]

@@ -85,10 +85,12 @@ CHART_POINTS_JS = """el => {
   return n;
 }"""
 
-# Every live chart of the page has been drawn at least once.
+# Every live chart of the page has been drawn at least once (a chart with nothing
+# to draw is a placeholder card saying why: live.js, "chart-placeholder").
 ALL_CHARTS_DRAWN_JS = """() => {
   const charts = Array.from(document.querySelectorAll('[data-live-chart]'));
-  return charts.length > 0 && charts.every(el => el._fullLayout && el.querySelector('.main-svg'));
+  return charts.length > 0 && charts.every(el => el.classList.contains('chart-placeholder')
+    || (el._fullLayout && el.querySelector('.main-svg')));
 }"""
 
 # Installed before the page's scripts: records, per chart, the number of
@@ -116,3 +118,13 @@ def chart_points(page: Page, chart_id: str) -> int:
 
 def wait_all_charts_drawn(page: Page, timeout_ms: float = 60_000) -> None:
     page.wait_for_function(ALL_CHARTS_DRAWN_JS, timeout=timeout_ms)
+
+
+def open_form_field(page: Page, path: str):
+    """The run form's input of a dotted config path, its folded section opened
+    first by clicking the section's summary, as a person would."""
+    field = page.locator(f'[id="f-{path}"]')
+    section = page.locator("details.form-section", has=field)
+    if not section.evaluate("el => el.open"):
+        section.locator("summary").first.click()
+    return field

@@ -52,6 +52,16 @@ def guard(chromium) -> Iterator[BrowserGuard]:
     watched.assert_clean()
 
 
+SYNTHETIC_BANNER_JS = """() => {
+  const banner = document.createElement('div');
+  banner.id = 'synthetic-banner';
+  banner.textContent = 'SYNTHETIC FIXTURE DATA: shows the page, not a training result';
+  banner.style.cssText = 'position:fixed;top:0;left:0;right:0;z-index:99999;padding:6px;'
+    + 'background:#b42318;color:#fff;font:bold 15px sans-serif;text-align:center';
+  document.body.appendChild(banner);
+}"""
+
+
 class Screenshots:
     """Viewport screenshots (1280x800 PNG) kept as test artifacts."""
 
@@ -59,9 +69,15 @@ class Screenshots:
         self.prefix = prefix
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
-    def take(self, page, name: str, *, docs: bool = False) -> Path:
+    def take(self, page, name: str, *, docs: bool = False, synthetic: bool = False) -> Path:
+        """``synthetic``: the page shows fixture data, not a training run; the
+        picture says so on its face (a banner drawn for the screenshot only)."""
         path = ARTIFACTS / f"{self.prefix}-{name}.png"
+        if synthetic:
+            page.evaluate(SYNTHETIC_BANNER_JS)
         page.screenshot(path=str(path))
+        if synthetic:
+            page.evaluate("document.getElementById('synthetic-banner').remove()")
         if docs and os.environ.get("LAB_UPDATE_DOCS_SCREENSHOTS") == "1":
             DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             # A 256-colour palette keeps the committed copies at a third of the size.

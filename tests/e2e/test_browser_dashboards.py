@@ -5,7 +5,8 @@ django.contrib.staticfiles is installed, its static files through the
 staticfiles finders: plotly.js comes from dashboard.staticfiles.PlotlyJsFinder.
 The study is written through the platform's services as a worker would leave
 it: two variants x three seeds x 300 steps, the "none" seeds collapsing, one
-one-step KL spike. Screenshots of these pages illustrate docs/dashboards.md.
+one-step KL spike. Screenshots of these pages illustrate docs/dashboards.md;
+they are synthetic and carry a banner that says so.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from playwright.sync_api import Page, expect
 
 from dashboard import services as review
 from dashboard.models import VerdictLabel
-from experiments.services import create_experiment
-from runs import services as run_services
-from runs.models import Run, RunStatus
+from lab.experiments.services import create_experiment
+from lab.runs import lifecycle
+from lab.runs.metrics.ingest import ingest_metrics
+from lab.runs.models import Run, RunStatus
 from trainer import metric_keys as mk
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -33,6 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 STEPS = 300
 N_EXPERTS = 8
 SPIKE_STEP, SPIKE_KL = 123, 0.75
+# KL is drawn in the registry's display unit, ×1e-3 (trainer/metric_keys.py).
+SPIKE_KL_DRAWN = SPIKE_KL * mk.metric_spec(mk.MISMATCH_KL_K3).scale
 PASSWORD = "pw-alice"
 
 
@@ -81,12 +85,12 @@ def study(live_server, transactional_db):
     for variant, preset in (("none", "moe-grpo"), ("r3", "moe-grpo-r3")):
         for seed in range(3):
             collapse_at = 180 + 40 * seed if variant == "none" else None
-            run = run_services.submit_run(
+            run = lifecycle.submit_run(
                 owner=alice, experiment=experiment, preset=preset, variant=variant,
                 overrides={"run.seed": seed, "run.steps": STEPS},
             )  # fmt: skip
             spike = variant == "r3" and seed == 0
-            run_services.ingest_metrics(
+            ingest_metrics(
                 run.pk,
                 [_record(s, seed=seed, collapse_at=collapse_at, spike=spike) for s in range(STEPS)],
             )
@@ -127,18 +131,18 @@ def test_run_page_keeps_the_spike_zooms_at_full_resolution_and_picks_a_layer(
     _log_in(page)
     wait_all_charts_drawn(page)
     page.locator(".chart-section").first.scroll_into_view_if_needed()
-    screenshots.take(page, "run-page", docs=True)
+    screenshots.take(page, "run-page", docs=True, synthetic=True)
 
     # 300 steps drawn from 500-point budgets: everything, the spike included.
     kl = page.locator("[data-live-chart][data-url*='kl_k3']").first
     kl_id = kl.get_attribute("id")
-    assert kl.evaluate("el => Math.max(...el._fullData[0].y)") == pytest.approx(SPIKE_KL)
+    assert kl.evaluate("el => Math.max(...el._fullData[0].y)") == pytest.approx(SPIKE_KL_DRAWN)
     assert kl.evaluate(TRACE_DRAWN_JS)
 
     # Downsampled to 40 points the one-step spike must survive (min/max buckets).
     kl.evaluate("el => { el.liveChart.options.maxPoints = 40; return el.liveChart.refresh(); }")
     assert chart_points(page, kl_id) <= 40
-    assert kl.evaluate("el => Math.max(...el._fullData[0].y)") == pytest.approx(SPIKE_KL)
+    assert kl.evaluate("el => Math.max(...el._fullData[0].y)") == pytest.approx(SPIKE_KL_DRAWN)
 
     # Zoom: the visible window is fetched again, at full resolution.
     with page.expect_response(lambda r: "start=110" in r.url and "end=140" in r.url) as zoomed:
@@ -156,7 +160,7 @@ def test_run_page_keeps_the_spike_zooms_at_full_resolution_and_picks_a_layer(
         "href", re.compile(r"layer=1")
     )
     page.locator("#chart-expert-load").scroll_into_view_if_needed()
-    screenshots.take(page, "run-page-heatmap", docs=True)
+    screenshots.take(page, "run-page-heatmap", docs=True, synthetic=True)
 
 
 def test_runs_list_compare_stability_and_experiment_pages(study, guard, screenshots):
@@ -165,7 +169,7 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
     _log_in(page)
     expect(page.locator("table.runs tbody tr")).to_have_count(6)
     expect(page.locator("table.runs .verdict-collapsed")).to_have_count(1)
-    screenshots.take(page, "runs-list", docs=True)
+    screenshots.take(page, "runs-list", docs=True, synthetic=True)
 
     page.locator("select[name=status]").select_option("succeeded")
     page.locator("select[name=experiment]").select_option(label="R3 vs none")
@@ -176,8 +180,8 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
         page.get_by_label(f"select run {run.pk}", exact=True).check()
     page.get_by_role("button", name="Compare selected").click()
     wait_all_charts_drawn(page)
-    expect(page.locator("table.config-diff")).to_contain_text("stabilizers.routing_replay")
-    screenshots.take(page, "compare", docs=True)
+    expect(page.locator("table.config-diff")).to_contain_text("stabilizers.replay.mode")
+    screenshots.take(page, "compare", docs=True, synthetic=True)
     page.locator(".heatmap-row").scroll_into_view_if_needed()
     screenshots.take(page, "compare-heatmaps")
 
@@ -188,11 +192,18 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
     # "none" collapsed in every seed: a mean; "r3" never did: censored, ">= N".
     expect(rows.filter(has_text=re.compile(r"^\s*none"))).to_contain_text("220")
     expect(rows.filter(has_text=re.compile(r"^\s*r3"))).to_contain_text(">= 299")
-    screenshots.take(page, "stability", docs=True)
+    screenshots.take(page, "stability", docs=True, synthetic=True)
 
-    page.goto(f"{study['url']}/dashboard/experiments/{study['experiment'].pk}/")
+    # the platform's old experiment address lands on the one experiment page
+    experiment_id = study["experiment"].pk
+    page.goto(f"{study['url']}/experiments/{experiment_id}/")
+    expect(page).to_have_url(re.compile(rf"/dashboard/experiments/{experiment_id}/$"))
     wait_all_charts_drawn(page)
-    screenshots.take(page, "experiment-variants", docs=True)
+    expect(page.get_by_role("button", name="New run")).to_be_visible()
+    expect(page.get_by_role("button", name="Sweep builder")).to_be_visible()
+    expect(page.locator("table.runs tbody tr")).to_have_count(6)
+    expect(page.locator("#comments textarea[name=body]")).to_be_visible()
+    screenshots.take(page, "experiment-variants", docs=True, synthetic=True)
 
 
 def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
@@ -229,11 +240,11 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     run) follows the same poll as the charts; no reload."""
     monkeypatch.setattr("dashboard.views.pages.LIVE_INTERVAL_MS", 400)
     alice = get_user_model().objects.get(username="alice")
-    run = run_services.submit_run(
+    run = lifecycle.submit_run(
         owner=alice, experiment=study["experiment"], preset="moe-grpo", variant="live",
         overrides={"run.steps": STEPS},
     )  # fmt: skip
-    run_services.ingest_metrics(run.pk, [_record(s, seed=0, collapse_at=None, spike=False)
+    ingest_metrics(run.pk, [_record(s, seed=0, collapse_at=None, spike=False)
                                          for s in range(20)])  # fmt: skip
     page = guard.new_page()
     page.goto(f"{study['url']}/dashboard/runs/{run.pk}/")

@@ -14,7 +14,7 @@ import pytest
 from lab_processes import REDIS_URL, TINY_OVERRIDES, LabStack, redis_ok
 from rest_framework.test import APIClient
 
-from experiments.services import create_experiment
+from lab.experiments.services import create_experiment
 
 
 @pytest.fixture

@@ -9,11 +9,10 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs.models import Experiment, Run
-from runs.services import ingest_metrics
+from lab.runs.metrics.ingest import ingest_metrics
+from lab.runs.models import Experiment, Run
 
 ENDPOINTS = [
-    ("get", "/api/health"),
     ("get", "/api/schema/config"),
     ("get", "/api/presets"),
     ("get", "/api/openapi"),
@@ -52,8 +51,15 @@ def test_schema_and_presets(api):
     assert openapi.status_code == 200
 
 
+def test_health_answers_anonymous_callers_with_only_a_status(db):
+    response = APIClient().get("/api/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
 def test_health_reports_db_broker_and_workers(api):
     body = api.get("/api/health").json()
+    assert body["status"] == "ok"
     assert body["db"]["ok"] is True
     assert "transport" in body["broker"]
     assert isinstance(body["workers"], list)
@@ -79,7 +85,7 @@ def test_create_experiment_and_run(api, tiny):
     assert run.status_code == 201, run.json()
     body = run.json()
     assert body["status"] == "queued" and body["queue_position"] == 1
-    assert body["config"]["stabilizers"]["routing_replay"] == "r3"
+    assert body["config"]["stabilizers"]["replay"]["mode"] == "r3"
     got = api.get(f"/api/runs/{body['id']}").json()
     assert got["owner"] == "alice" and got["total_steps"] == 3
 
@@ -159,6 +165,11 @@ def test_metrics_endpoint(api, experiment, tiny):
     assert body["steps"] == [1, 2] and body["series"]["reward/accuracy"] == [0.25, 0.5]
     bad = api.get(url, {"keys": "reward/accuracy", "max_points": "-3", "start": "x"})
     assert bad.status_code == 400 and set(bad.json()["errors"]) == {"max_points", "start"}
+    assert bad.json()["errors"]["start"] == ["an integer from 0 to 1000000000"]
+    not_a_key = api.get(url, {"keys": "reward/accuracy,bad key!"}).json()["errors"]
+    assert not_a_key == {"keys": ["not a metric key: 'bad key!'"]}
+    repeated = api.get(f"{url}?keys=reward/accuracy&keys=reward/mean").json()
+    assert set(repeated["series"]) == {"reward/accuracy", "reward/mean"}
     assert api.get("/api/runs/424242/metrics").status_code == 404
 
 
@@ -193,7 +204,7 @@ def test_metrics_endpoint_thinning_keeps_a_one_step_kl_spike(api, experiment, ti
 def test_sweep_preview_and_create(api, experiment):
     payload = {
         "experiment": experiment.pk,
-        "grid": {"stabilizers.routing_replay": ["none", "r3"]},
+        "grid": {"stabilizers.replay.mode": ["none", "r3"]},
         "seeds": [0, 1, 2],
         "preview": True,
     }
@@ -202,17 +213,20 @@ def test_sweep_preview_and_create(api, experiment):
     payload["preview"] = False
     created = _post(api, "/api/sweeps", payload)
     assert created.status_code == 201 and len(created.json()["runs"]) == 6
-    payload["grid"] = {"stabilizers.routing_replay": ["r9"]}
+    payload["grid"] = {"stabilizers.replay.mode": ["r9"]}
     bad = _post(api, "/api/sweeps", payload)
-    assert bad.status_code == 400 and "grid.stabilizers.routing_replay" in bad.json()["errors"]
+    assert bad.status_code == 400 and "grid.stabilizers.replay.mode" in bad.json()["errors"]
 
 
 def test_comments_and_clone(api, other_api, experiment, tiny):
     run = _create_run(api, experiment, tiny)
     posted = _post(other_api, f"/api/runs/{run['id']}/comments", {"body": "<script>x</script>"})
     assert posted.status_code == 201 and posted.json()["author"] == "bob"
-    assert len(api.get(f"/api/runs/{run['id']}/comments").json()) == 1
+    assert api.get(f"/api/runs/{run['id']}/comments").json()["count"] == 1
+    # a clone is queued into the source's experiment: bob is an outsider there
     clone = _post(other_api, f"/api/runs/{run['id']}/clone", {"overrides": {"run.seed": 7}})
+    assert clone.status_code == 403
+    clone = _post(api, f"/api/runs/{run['id']}/clone", {"overrides": {"run.seed": 7}})
     assert clone.status_code == 201 and clone.json()["seed"] == 7
 
 

@@ -25,7 +25,7 @@ def _alive(pid: int) -> bool:
 def test_child_is_killed_when_its_parent_is_killed():
     parent_code = (
         "import subprocess, sys, time; sys.path.insert(0, 'platform');"
-        "from jobs.childproc import tied_to_this_process;"
+        "from lab.jobs.childproc import tied_to_this_process;"
         "p = subprocess.Popen(tied_to_this_process(['/bin/sleep', '60']), start_new_session=True);"
         "time.sleep(0.5); print(p.pid, flush=True); time.sleep(60)"
     )

@@ -8,8 +8,10 @@ from io import StringIO
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
-from runs.models import Run
+from lab.experiments.models import Experiment
+from lab.runs.models import Run
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_submit_sweep(admin, tmp_path):
             {
                 "name": "replay",
                 "preset": "moe-grpo",
-                "grid": {"stabilizers.routing_replay": ["none", "r3"]},
+                "grid": {"stabilizers.replay.mode": ["none", "r3"]},
                 "seeds": [0, 1],
             }
         )
@@ -78,11 +80,19 @@ def test_lab_user_prints_credentials(db):
     out = StringIO()
     call_command("lab_user", "--username", "demo", "--password", "s3cret", stdout=out)
     assert "user demo  password s3cret  api token " in out.getvalue()
-    assert get_user_model().objects.get(username="demo").check_password("s3cret")
+    user = get_user_model().objects.get(username="demo")
+    assert user.check_password("s3cret")
+    assert not user.is_superuser and not user.is_staff  # ordinary unless asked for
+
+
+def test_lab_user_superuser_only_when_asked(db):
+    call_command("lab_user", "--username", "root", "--superuser", stdout=StringIO())
+    user = get_user_model().objects.get(username="root")
+    assert user.is_superuser and user.is_staff
 
 
 def test_submit_builtin_study_queues_every_variant_and_seed(admin):
-    out = _submit("--study", "quick", "--set", "run.steps=3")
+    out = _submit("--study", "quick", "--set", "run.steps=3", "--force")
     runs = Run.objects.all()
     assert "27 runs queued" in out and runs.count() == 27
     sweep = runs.first().sweep
@@ -90,8 +100,18 @@ def test_submit_builtin_study_queues_every_variant_and_seed(admin):
     variants = set(runs.values_list("variant", flat=True))
     assert {"dense-grpo", "moe-grpo-r3", "moe-ppo"} <= variants and len(variants) == 9
     r3 = runs.filter(variant="moe-grpo-r3", seed=1).get()
-    assert r3.config["stabilizers"]["routing_replay"] == "r3" and r3.total_steps == 3
+    assert r3.config["stabilizers"]["replay"]["mode"] == "r3" and r3.total_steps == 3
     assert runs.get(variant="dense-grpo", seed=0).config["model"]["n_experts"] == 0
+
+
+@pytest.mark.parametrize(("study", "runs", "variant"), [("dose", 60, "moe-grpo-r3-fp8"),
+                                                      ("fixes", 65, "moe-grpo-icepop")])  # fmt: skip
+def test_submit_dose_and_fixes_studies_as_sweeps(admin, study, runs, variant):
+    out = _submit("--study", study, "--force")
+    assert f"{runs} runs queued" in out and Run.objects.count() == runs
+    run = Run.objects.get(variant=variant, seed=4)
+    assert run.config["rollout"]["precision"] == "fp8"
+    assert run.config["algorithm"]["behavior_logprobs"] == "rollout"
 
 
 def test_submit_bad_study_names_the_variant_and_stores_nothing(admin, tmp_path):
@@ -108,3 +128,39 @@ def test_submit_bad_study_names_the_variant_and_stores_nothing(admin, tmp_path):
         _submit("--study", str(path))
     assert info.value.code == 2
     assert not Run.objects.exists()
+
+
+def test_submit_study_refuses_a_set_that_redefines_a_variant(admin):
+    # --set applies after the variants: model.n_experts would turn dense-grpo into a MoE.
+    with pytest.raises(SystemExit) as info:
+        _submit("--study", "kl-order", "--set", "model.n_experts=16", "--force")
+    assert info.value.code == 2
+    assert not Run.objects.exists()
+
+
+def _live_worker(queue: str) -> None:
+    from django.utils import timezone
+
+    from lab.jobs.models import Worker
+
+    Worker.objects.create(hostname=f"{queue}@test", queues=[queue], last_seen=timezone.now())
+
+
+def test_submit_study_refuses_a_queue_no_live_worker_serves(admin):
+    with pytest.raises(CommandError, match=r"No live worker serves gpu-a100.*--force"):
+        _submit("--study", "quick", "--queue", "gpu-a100")
+    assert not Run.objects.exists() and not Experiment.objects.exists()
+    out = _submit("--study", "quick", "--queue", "gpu-a100", "--force")
+    assert "27 runs queued" in out and "warning: No live worker serves gpu-a100" in out
+
+
+def test_submitting_a_study_twice_makes_a_new_experiment_or_says_it_adds_seeds(admin):
+    _live_worker("cpu")
+    first = _submit("--study", "quick", "--set", "run.steps=3")
+    second = _submit("--study", "quick", "--set", "run.steps=3")
+    assert "'Stability study: quick'" in first and "'Stability study: quick (2)'" in second
+    assert Experiment.objects.count() == 2
+    again = _submit(
+        "--study", "quick", "--set", "run.steps=3", "--experiment", "Stability study: quick"
+    )
+    assert "adds seeds: the experiment already held 27 study runs" in again

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# What an operator passes: long and random (check --deploy rejects short keys).
+COMPOSE_SECRET = "Vq3-" + "kT8rZ2pX" * 7
 
 
 def compose_binary() -> Path:
@@ -21,10 +24,11 @@ def compose_binary() -> Path:
     return binary
 
 
-def compose_config(path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DJANGO_SECRET_KEY": "test-secret"}
+def compose_config(path: Path, *profiles: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DJANGO_SECRET_KEY": COMPOSE_SECRET}
+    chosen = [arg for profile in profiles for arg in ("--profile", profile)]
     return subprocess.run(
-        [str(compose_binary()), "-f", str(path), "config", "--format", "json"],
+        [str(compose_binary()), "-f", str(path), *chosen, "config", "--format", "json"],
         cwd=path.parent, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -76,3 +80,36 @@ def test_one_worker_per_gpu_with_an_nvidia_reservation(config):
         assert cmd[cmd.index("--prefetch-multiplier") + 1] == "1"
         assert cmd[cmd.index("-Q") + 1] == "gpu-a100"
     assert len(set(reserved)) == len(reserved)  # never two workers on one GPU
+
+
+def test_a_whole_host_worker_for_multi_gpu_runs_on_its_own_queue(config):
+    assert "worker-a100x8" not in config["services"]  # only with its profile
+    out = compose_config(ROOT / "docker-compose.yml", "multigpu")
+    assert out.returncode == 0, out.stderr
+    worker = json.loads(out.stdout)["services"]["worker-a100x8"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["count"] == 8 and devices[0]["driver"] == "nvidia"
+    assert len(worker["environment"]["CUDA_VISIBLE_DEVICES"].split(",")) == 8
+    cmd = worker["command"]
+    assert cmd[cmd.index("-Q") + 1] == "gpu-a100x8"
+    assert "gpu-a100x8" in worker["environment"]["LAB_QUEUES"].split(",")
+
+
+def test_check_deploy_is_clean_with_the_web_service_environment(config, tmp_path):
+    """`manage.py check --deploy` passes with no warning under the environment
+    docker-compose.yml gives the web service (DEBUG off, secret, HTTPS settings)."""
+    env = {k: str(v) for k, v in config["services"]["web"]["environment"].items()}
+    assert env["DJANGO_DEBUG"] == "0" and env["LAB_HTTPS"] == "1"
+    env.update(LAB_VAR_DIR=str(tmp_path), PATH=os.environ["PATH"])
+    out = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no issues" in out.stdout
+
+
+def test_web_healthcheck_asks_the_anonymous_health_endpoint(config):
+    test = config["services"]["web"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    assert "urllib.request" in test[3] and "http://127.0.0.1:8000/api/health" in test[3]

@@ -1,5 +1,5 @@
 """Metric columns: settled chunks of a run's metrics kept as binary arrays
-(runs.columns, runs.services.seal_metrics) read exactly as its rows do, and
+(runs.metrics.columns, runs.metrics.seal.seal_metrics) read exactly as its rows do, and
 never go stale when rows are rewritten."""
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 from lab_processes import submit_tiny_run
 
-from jobs import services as jobs
-from jobs import tasks
-from jobs.supervisor import Supervision, _ingest
-from jobs.tailer import MetricsTail
-from runs import queries
-from runs import services as runs
-from runs.columns import CHUNK_STEPS, decode_column, decode_steps, encode_columns
-from runs.models import MetricColumn, Run, RunStatus
+from lab.jobs import services as jobs
+from lab.jobs import tasks
+from lab.jobs.supervisor import Supervision, _ingest
+from lab.jobs.tailer import MetricsTail
+from lab.runs import lifecycle
+from lab.runs.metrics import read
+from lab.runs.metrics.columns import CHUNK_STEPS, decode_column, decode_steps, encode_columns
+from lab.runs.metrics.ingest import drop_metrics_after, ingest_metrics
+from lab.runs.metrics.seal import seal_metrics, seal_unsealed_runs
+from lab.runs.models import MetricColumn, Run, RunStatus
 
 C = CHUNK_STEPS
 
@@ -89,7 +91,7 @@ def _varied_records(n: int) -> list[dict]:
     return out
 
 
-def _same(a: queries.RunSeries, b: queries.RunSeries) -> None:
+def _same(a: read.RunSeries, b: read.RunSeries) -> None:
     assert a.steps.tolist() == b.steps.tolist()
     assert a.series.keys() == b.series.keys()
     for key, (steps_a, values_a) in a.series.items():
@@ -119,15 +121,15 @@ WINDOWS = [
 def test_sealed_runs_read_exactly_as_their_rows(user, experiment, window):
     rows_run, training, finished = (submit_tiny_run(user, experiment) for _ in range(3))
     for run in (rows_run, training, finished):
-        runs.ingest_metrics(run.pk, _varied_records(N_STEPS))
+        ingest_metrics(run.pk, _varied_records(N_STEPS))
     _status(rows_run, RunStatus.SUCCEEDED)
     _status(training, RunStatus.RUNNING)
     _status(finished, RunStatus.SUCCEEDED)
-    assert runs.seal_metrics(training.pk) == 2  # the tail's chunk is not settled
-    assert runs.seal_metrics(finished.pk) == 3
+    assert seal_metrics(training.pk) == 2  # the tail's chunk is not settled
+    assert seal_metrics(finished.pk) == 3
     keys = ["reward/mean", "policy/loss", "eval/accuracy", "experts/load/L0", "never/logged"]
     start, end = window
-    data = queries.metric_series_many(
+    data = read.metric_series_many(
         [rows_run.pk, training.pk, finished.pk], keys, start=start, end=end
     )
     _same(data[rows_run.pk], data[training.pk])
@@ -139,13 +141,13 @@ def test_a_read_is_two_queries_whatever_the_runs(user, experiment, django_assert
     ids = []
     for i in range(6):
         run = submit_tiny_run(user, experiment)
-        runs.ingest_metrics(run.pk, [{"step": s, "a": s * i} for s in range(C + 30)])
+        ingest_metrics(run.pk, [{"step": s, "a": s * i} for s in range(C + 30)])
         _status(run, RunStatus.SUCCEEDED if i % 3 else RunStatus.RUNNING)
         if i % 2:
-            runs.seal_metrics(run.pk)
+            seal_metrics(run.pk)
         ids.append(run.pk)
     with django_assert_num_queries(2):
-        data = queries.metric_series_many(ids, ["a"])
+        data = read.metric_series_many(ids, ["a"])
     for i, rid in enumerate(ids):
         assert data[rid].series["a"][1].tolist() == [float(s * i) for s in range(C + 30)]
 
@@ -154,49 +156,49 @@ def test_a_read_is_two_queries_whatever_the_runs(user, experiment, django_assert
 def test_chunks_are_sealed_once_settled(user, experiment):
     run = submit_tiny_run(user, experiment)
     _status(run, RunStatus.RUNNING)
-    runs.ingest_metrics(run.pk, _a(range(C)))
-    assert runs.seal_metrics(run.pk) == 0  # chunk 0 may still grow
-    runs.ingest_metrics(run.pk, _a(range(C, C + 1)))
-    assert runs.seal_metrics(run.pk) == 1 and _sealed(run) == 1
-    assert runs.seal_metrics(run.pk) == 1  # idempotent
+    ingest_metrics(run.pk, _a(range(C)))
+    assert seal_metrics(run.pk) == 0  # chunk 0 may still grow
+    ingest_metrics(run.pk, _a(range(C, C + 1)))
+    assert seal_metrics(run.pk) == 1 and _sealed(run) == 1
+    assert seal_metrics(run.pk) == 1  # idempotent
     assert MetricColumn.objects.filter(run=run).count() == 2  # steps and "a" of chunk 0
     _status(run, RunStatus.FAILED)
-    assert runs.seal_metrics(run.pk) == 2  # final: the last chunk too
+    assert seal_metrics(run.pk) == 2  # final: the last chunk too
 
 
 def test_a_rewind_unseals_from_its_chunk(user, experiment):
     run = submit_tiny_run(user, experiment)
     _status(run, RunStatus.RUNNING)
-    runs.ingest_metrics(run.pk, _a(range(3 * C + 5)))
-    assert runs.seal_metrics(run.pk) == 3
+    ingest_metrics(run.pk, _a(range(3 * C + 5)))
+    assert seal_metrics(run.pk) == 3
     # a resumed trainer rewrites from its checkpoint, in chunk 1
-    runs.ingest_metrics(run.pk, [{"step": C + 7, "a": -1.0}])
+    ingest_metrics(run.pk, [{"step": C + 7, "a": -1.0}])
     assert _sealed(run) == 1
-    values = queries.metric_series_many([run.pk], ["a"])[run.pk].series["a"][1]
+    values = read.metric_series_many([run.pk], ["a"])[run.pk].series["a"][1]
     assert values[C + 7] == -1.0 and values[C + 8] == C + 8
     # appending to the unsealed tail unseals nothing
-    runs.ingest_metrics(run.pk, _a(range(3 * C + 5, 3 * C + 9)))
+    ingest_metrics(run.pk, _a(range(3 * C + 5, 3 * C + 9)))
     assert _sealed(run) == 1
 
 
 def test_late_writes_to_a_final_run_are_read_and_resealed(user, experiment):
     run = submit_tiny_run(user, experiment)
-    runs.ingest_metrics(run.pk, _a(range(2 * C + 10)))
+    ingest_metrics(run.pk, _a(range(2 * C + 10)))
     _status(run, RunStatus.SUCCEEDED)
-    assert runs.seal_metrics(run.pk) == 3
-    runs.ingest_metrics(run.pk, _a([3 * C + 1]))  # a lost worker's late line, in chunk 3
+    assert seal_metrics(run.pk) == 3
+    ingest_metrics(run.pk, _a([3 * C + 1]))  # a lost worker's late line, in chunk 3
     assert _sealed(run) == 3
-    assert queries.metric_series_many([run.pk], ["a"])[run.pk].steps[-1] == 3 * C + 1
-    assert runs.seal_unsealed_runs() == [run.pk] and _sealed(run) == 4
-    assert runs.drop_metrics_after(run.pk, C + 1) > 0  # rows past the final file
+    assert read.metric_series_many([run.pk], ["a"])[run.pk].steps[-1] == 3 * C + 1
+    assert seal_unsealed_runs() == [run.pk] and _sealed(run) == 4
+    assert drop_metrics_after(run.pk, C + 1) > 0  # rows past the final file
     assert _sealed(run) == 1
-    assert queries.metric_series_many([run.pk], ["a"])[run.pk].steps[-1] == C + 1
+    assert read.metric_series_many([run.pk], ["a"])[run.pk].steps[-1] == C + 1
 
 
 def test_finishing_a_run_seals_it(user, experiment):
     run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
-    runs.ingest_metrics(run.pk, _a(range(5)))
+    ingest_metrics(run.pk, _a(range(5)))
     assert _sealed(run) == 0
     assert jobs.finish_run(claim, status="succeeded", summary={"status": "succeeded"})
     assert _sealed(run) == 1
@@ -215,13 +217,13 @@ def test_the_worker_seals_chunks_as_training_moves_on(user, experiment, tmp_path
 def test_reconciler_seals_final_runs_left_without_columns(user, experiment):
     finished, training, empty = (submit_tiny_run(user, experiment) for _ in range(3))
     for run in (finished, training):
-        runs.ingest_metrics(run.pk, _a(range(2)))
+        ingest_metrics(run.pk, _a(range(2)))
     _status(finished, RunStatus.SUCCEEDED)
     _status(empty, RunStatus.CANCELLED)
     _status(training, RunStatus.RUNNING)
-    assert runs.seal_unsealed_runs() == [finished.pk]  # no rows: nothing to seal
-    assert runs.seal_unsealed_runs() == []
-    runs.ingest_metrics(finished.pk, _a([1]))  # rewritten: unsealed again
+    assert seal_unsealed_runs() == [finished.pk]  # no rows: nothing to seal
+    assert seal_unsealed_runs() == []
+    ingest_metrics(finished.pk, _a([1]))  # rewritten: unsealed again
     assert _sealed(finished) == 0
     tasks.reconcile()  # the periodic task seals it again
     assert _sealed(finished) == 1 and _sealed(training) == 0
@@ -231,7 +233,7 @@ def test_a_run_failed_by_the_reconciler_is_sealed(user, experiment):
     run = submit_tiny_run(user, experiment)
     Run.objects.filter(pk=run.pk).update(max_attempts=1)
     jobs.claim_run(run.pk, worker_host="w1")
-    runs.ingest_metrics(run.pk, _a([0]))
+    ingest_metrics(run.pk, _a([0]))
     Run.objects.filter(pk=run.pk).update(heartbeat_at="2000-01-01T00:00:00Z")
     assert [a.action for a in jobs.reconcile_stale_runs(60)] == ["failed"]
     assert _sealed(run) == 1
@@ -239,6 +241,6 @@ def test_a_run_failed_by_the_reconciler_is_sealed(user, experiment):
 
 def test_cancelling_a_requeued_run_seals_its_earlier_metrics(user, experiment):
     run = submit_tiny_run(user, experiment)
-    runs.ingest_metrics(run.pk, _a([0]))  # an earlier attempt's steps
-    runs.cancel_run(run, user=user)
+    ingest_metrics(run.pk, _a([0]))  # an earlier attempt's steps
+    lifecycle.cancel_run(run, user=user)
     assert _sealed(run) == 1

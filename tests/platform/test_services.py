@@ -8,13 +8,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 from lab_processes import submit_tiny_run
+from teams import share
 
-from jobs import services as jobs
-from runs import queries
-from runs import services as runs
-from runs.configs import resolve_config
-from runs.models import MetricStep, Run, RunStatus
-from trainer.config import ConfigError
+from lab.jobs import services as jobs
+from lab.runs import comments, lifecycle, queries, sweeps
+from lab.runs.configs import resolve_config
+from lab.runs.metrics import read
+from lab.runs.metrics.ingest import drop_metrics_after, ingest_metrics
+from lab.runs.metrics.seal import seal_metrics
+from lab.runs.models import MetricStep, Run, RunStatus
+from trainer.errors import FieldError
 
 
 def _finish(*run_list: Run, sealed: bool) -> int:
@@ -24,7 +27,7 @@ def _finish(*run_list: Run, sealed: bool) -> int:
     Run.objects.filter(pk__in=[r.pk for r in run_list]).update(status=RunStatus.SUCCEEDED)
     if sealed:
         for run in run_list:
-            runs.seal_metrics(run.pk)
+            seal_metrics(run.pk)
     return 2
 
 
@@ -32,7 +35,7 @@ sealed_or_not = pytest.mark.parametrize("sealed", [False, True], ids=["rows", "c
 
 
 def test_resolve_config_names_field_paths():
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(FieldError) as exc:
         resolve_config({"run": {"steps": "ten"}, "model": {"bogus": 1}})
     paths = dict(exc.value.errors)
     assert "config.run.steps" in paths
@@ -62,15 +65,15 @@ def test_submit_run_stores_resolved_config(user, experiment):
 )
 def test_bad_input_stores_nothing(user, experiment, kwargs, path):
     kwargs = {"preset": "moe-grpo", **kwargs}
-    with pytest.raises(ConfigError) as exc:
-        runs.submit_run(owner=user, experiment=experiment, **kwargs)
+    with pytest.raises(FieldError) as exc:
+        lifecycle.submit_run(owner=user, experiment=experiment, **kwargs)
     assert any(p == path or p.startswith(path + ".") for p, _ in exc.value.errors), exc.value.errors
     assert Run.objects.count() == 0
 
 
 def test_cancel_queued_run_never_starts(user, experiment):
     run = submit_tiny_run(user, experiment)
-    run = runs.cancel_run(run, user=user)
+    run = lifecycle.cancel_run(run, user=user)
     assert run.status == RunStatus.CANCELLED and run.finished_at
     assert jobs.claim_run(run.pk, worker_host="w1") is None
 
@@ -79,27 +82,27 @@ def test_cancel_running_run_sets_the_flag_the_worker_polls(user, experiment):
     run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     assert not jobs.cancel_requested(claim)
-    run = runs.cancel_run(run, user=user)
+    run = lifecycle.cancel_run(run, user=user)
     assert run.status == RunStatus.RUNNING
     assert jobs.cancel_requested(claim)
 
 
 def test_only_owner_or_staff_cancel_or_delete(user, other_user, staff_user, experiment):
     run = submit_tiny_run(user, experiment)
-    with pytest.raises(runs.NotAllowed):
-        runs.cancel_run(run, user=other_user)
-    with pytest.raises(runs.NotAllowed):
-        runs.delete_run(run, user=other_user)
-    assert runs.cancel_run(run, user=staff_user).status == RunStatus.CANCELLED
-    runs.delete_run(run, user=user)
+    with pytest.raises(lifecycle.NotAllowed):
+        lifecycle.cancel_run(run, user=other_user)
+    with pytest.raises(lifecycle.NotAllowed):
+        lifecycle.delete_run(run, user=other_user)
+    assert lifecycle.cancel_run(run, user=staff_user).status == RunStatus.CANCELLED
+    lifecycle.delete_run(run, user=user)
     assert not Run.objects.filter(pk=run.pk).exists()
 
 
 def test_running_run_cannot_be_deleted(user, experiment):
     run = submit_tiny_run(user, experiment)
     jobs.claim_run(run.pk, worker_host="w1")
-    with pytest.raises(runs.InvalidState):
-        runs.delete_run(run, user=user)
+    with pytest.raises(lifecycle.InvalidState):
+        lifecycle.delete_run(run, user=user)
 
 
 def test_claim_is_atomic_and_a_second_delivery_exits(user, experiment):
@@ -156,30 +159,30 @@ def test_reconciler_requeues_stale_runs_then_fails_after_max_attempts(
 
 def test_sweep_preview_counts_and_validates_every_combination(user, experiment):
     base = experiment.base_config
-    grid = {"stabilizers.routing_replay": ["none", "r3"], "algorithm.name": ["grpo", "gspo"]}
-    planned = runs.preview_sweep(base, grid, [0, 1, 2])
+    grid = {"stabilizers.replay.mode": ["none", "r3"], "algorithm.name": ["grpo", "gspo"]}
+    planned = sweeps.preview_sweep(base, grid, [0, 1, 2])
     assert len(planned) == 12
     assert {cfg.run.seed for _, cfg in planned} == {0, 1, 2}
-    with pytest.raises(ConfigError) as exc:
-        runs.preview_sweep(base, {"algorithm.name": ["grpo", "sgd"]}, [0])
+    with pytest.raises(FieldError) as exc:
+        sweeps.preview_sweep(base, {"algorithm.name": ["grpo", "sgd"]}, [0])
     assert exc.value.errors[0][0] == "grid.algorithm.name"
 
 
 def test_create_sweep_is_all_or_nothing(user, experiment):
     base = experiment.base_config
-    with pytest.raises(ConfigError):
-        runs.create_sweep(
+    with pytest.raises(FieldError):
+        sweeps.create_sweep(
             owner=user, experiment=experiment, base_config=base,
             grid={"run.steps": [3, 0]}, seeds=[0],
         )  # fmt: skip
     assert Run.objects.count() == 0
-    sweep = runs.create_sweep(
+    sweep = sweeps.create_sweep(
         owner=user, experiment=experiment, base_config=base,
-        grid={"stabilizers.routing_replay": ["none", "r3"]}, seeds=[0, 1], queue="cpu",
+        grid={"stabilizers.replay.mode": ["none", "r3"]}, seeds=[0, 1], queue="cpu",
     )  # fmt: skip
     assert sweep.runs.count() == 4
     assert sorted(sweep.runs.values_list("variant", flat=True)) == [
-        "routing_replay=none", "routing_replay=none", "routing_replay=r3", "routing_replay=r3",
+        "mode=none", "mode=none", "mode=r3", "mode=r3",
     ]  # fmt: skip
 
 
@@ -197,9 +200,9 @@ def _lines(steps, layers=2):
 
 def test_metrics_ingestion_is_idempotent_per_step(user, experiment):
     run = submit_tiny_run(user, experiment)
-    assert runs.ingest_metrics(run.pk, _lines(range(5))) == 5
-    assert runs.ingest_metrics(run.pk, _lines(range(3, 8))) == 5  # overlap re-read
-    assert runs.ingest_metrics(run.pk, [{"no": "step"}, {"step": "x"}]) == 0
+    assert ingest_metrics(run.pk, _lines(range(5))) == 5
+    assert ingest_metrics(run.pk, _lines(range(3, 8))) == 5  # overlap re-read
+    assert ingest_metrics(run.pk, [{"no": "step"}, {"step": "x"}]) == 0
     steps = list(MetricStep.objects.filter(run=run).values_list("step", flat=True))
     assert steps == list(range(8))
 
@@ -209,9 +212,9 @@ def test_metric_series_reads_keys_and_range_in_one_read(
     user, experiment, django_assert_num_queries, sealed
 ):
     run = submit_tiny_run(user, experiment)
-    runs.ingest_metrics(run.pk, _lines(range(100)))
+    ingest_metrics(run.pk, _lines(range(100)))
     with django_assert_num_queries(_finish(run, sealed=sealed)):
-        data = queries.metric_series(
+        data = read.metric_series(
             run.pk, ["reward/accuracy", "experts/load/L1", "missing/key"], start=10, end=19
         )
     assert data["steps"] == list(range(10, 20))
@@ -222,8 +225,8 @@ def test_metric_series_reads_keys_and_range_in_one_read(
 
 def test_metric_series_thins_to_max_points_and_keeps_the_last_step(user, experiment):
     run = submit_tiny_run(user, experiment)
-    runs.ingest_metrics(run.pk, _lines(range(1000), layers=0))
-    data = queries.metric_series(run.pk, ["policy/loss"], max_points=64)
+    ingest_metrics(run.pk, _lines(range(1000), layers=0))
+    data = read.metric_series(run.pk, ["policy/loss"], max_points=64)
     assert len(data["steps"]) <= 64
     assert data["steps"][0] == 0 and data["steps"][-1] == 999
     assert data["steps"] == sorted(set(data["steps"]))
@@ -236,21 +239,21 @@ def test_metric_series_keeps_every_keys_extremes_in_one_read(
     run = submit_tiny_run(user, experiment)
     lines = [{"step": s, "a": 0.0, "b": 1.0} for s in range(1000)]
     lines[337]["a"], lines[338]["b"] = 5.0, -7.0  # one-step spikes, one per key
-    runs.ingest_metrics(run.pk, lines)
+    ingest_metrics(run.pk, lines)
     with django_assert_num_queries(_finish(run, sealed=sealed)):
-        data = queries.metric_series(run.pk, ["a", "b"], max_points=40)
+        data = read.metric_series(run.pk, ["a", "b"], max_points=40)
     assert len(data["steps"]) <= 40
     assert data["steps"][0] == 0 and data["steps"][-1] == 999
     assert max(v for v in data["series"]["a"] if v is not None) == 5.0
     assert min(v for v in data["series"]["b"] if v is not None) == -7.0
-    ranged = queries.metric_series(run.pk, ["a"], start=500, end=599, max_points=10)
+    ranged = read.metric_series(run.pk, ["a"], start=500, end=599, max_points=10)
     assert ranged["steps"][0] == 500 and ranged["steps"][-1] == 599 and len(ranged["steps"]) <= 10
 
 
 def test_drop_metrics_after_removes_rewound_steps(user, experiment):
     run = submit_tiny_run(user, experiment)
-    runs.ingest_metrics(run.pk, _lines(range(10)))
-    assert runs.drop_metrics_after(run.pk, 6) == 3
+    ingest_metrics(run.pk, _lines(range(10)))
+    assert drop_metrics_after(run.pk, 6) == 3
     assert MetricStep.objects.filter(run=run).count() == 7
 
 
@@ -259,24 +262,25 @@ def test_queue_position_orders_by_priority_then_age(user, experiment):
     b = submit_tiny_run(user, experiment)
     c = submit_tiny_run(user, experiment, priority=5)
     assert [queries.queue_position(r) for r in (c, a, b)] == [1, 2, 3]
-    runs.cancel_run(a, user=user)
+    lifecycle.cancel_run(a, user=user)
     b.refresh_from_db()
     assert queries.queue_position(b) == 2
 
 
 def test_clone_run_applies_changes(user, other_user, experiment):
     run = submit_tiny_run(user, experiment)
-    clone = runs.clone_run(run, owner=other_user, overrides={"stabilizers.routing_replay": "r3"})
+    share(experiment, other_user)  # a teammate clones alice's run
+    clone = lifecycle.clone_run(run, owner=other_user, overrides={"stabilizers.replay.mode": "r3"})
     assert clone.owner == other_user
-    assert clone.config["stabilizers"]["routing_replay"] == "r3"
+    assert clone.config["stabilizers"]["replay"]["mode"] == "r3"
     assert clone.config["run"]["steps"] == 3
 
 
 def test_comment_needs_a_body(user, experiment):
     run = submit_tiny_run(user, experiment)
-    with pytest.raises(ConfigError):
-        runs.add_comment(author=user, body="   ", run=run)
-    comment = runs.add_comment(author=user, body="<b>collapsed at 40</b>", run=run)
+    with pytest.raises(FieldError):
+        comments.add_comment(author=user, body="   ", run=run)
+    comment = comments.add_comment(author=user, body="<b>collapsed at 40</b>", run=run)
     assert comment.body == "<b>collapsed at 40</b>"
 
 
@@ -287,7 +291,7 @@ def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
     """A key a step did not log is no point at all; a stored null (NaN/inf in the
     trainer) is a NaN point, where a chart breaks the line."""
     a, b = submit_tiny_run(user, experiment), submit_tiny_run(user, experiment)
-    runs.ingest_metrics(
+    ingest_metrics(
         a.pk,
         [
             {"step": 0, "eval/accuracy": 0.1, "reward/mean": 1.0},
@@ -297,7 +301,7 @@ def test_metric_series_many_skips_missing_keys_and_keeps_stored_nulls(
         ],
     )
     with django_assert_num_queries(_finish(a, b, sealed=sealed)):
-        data = queries.metric_series_many(
+        data = read.metric_series_many(
             [a.pk, b.pk], ["eval/accuracy", "reward/mean", "experts/load/L0"], start=0, end=3
         )
     assert data[a.pk].steps.tolist() == [0, 1, 2, 3]

@@ -7,9 +7,9 @@ import json
 import pytest
 from django.test import Client
 
-from runs import services
-from runs.models import Run
-from web import schema_form
+from lab.runs import comments, lifecycle
+from lab.runs.models import Run
+from lab.web import schema_form
 
 
 @pytest.fixture
@@ -28,7 +28,9 @@ def other_browser(other_user):
 
 @pytest.fixture
 def run(user, experiment, tiny):
-    return services.submit_run(owner=user, experiment=experiment, preset="moe-grpo", overrides=tiny)
+    return lifecycle.submit_run(
+        owner=user, experiment=experiment, preset="moe-grpo", overrides=tiny
+    )
 
 
 PAGES = ["/", "/experiments/", "/queue/", "/workers/"]
@@ -41,36 +43,90 @@ def test_pages_need_login(db, url):
 
 
 def test_detail_pages_need_login(run):
-    for url in (f"/runs/{run.pk}/", f"/experiments/{run.experiment_id}/runs/new"):
-        assert Client().get(url).status_code == 302
+    for url in (f"/dashboard/runs/{run.pk}/", f"/experiments/{run.experiment_id}/runs/new"):
+        response = Client().get(url)
+        assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
 def test_login_page_and_pages_render(browser, run):
     assert Client().get("/accounts/login/").status_code == 200
-    for url in [*PAGES[1:], f"/experiments/{run.experiment_id}/", f"/runs/{run.pk}/"]:
+    pages = [*PAGES[1:], f"/dashboard/experiments/{run.experiment_id}/"]
+    for url in [*pages, f"/dashboard/runs/{run.pk}/"]:
         response = browser.get(url)
         assert response.status_code == 200, url
         assert b'<nav class="nav">' in response.content
+
+
+def test_old_run_and_experiment_urls_redirect_permanently(browser, run):
+    """The platform's run and experiment pages moved to the dashboard's."""
+    moved = {
+        f"/runs/{run.pk}/": f"/dashboard/runs/{run.pk}/",
+        f"/runs/{run.pk}/?baseline=0": f"/dashboard/runs/{run.pk}/?baseline=0",
+        f"/experiments/{run.experiment_id}/": f"/dashboard/experiments/{run.experiment_id}/",
+    }
+    for old, new in moved.items():
+        response = browser.get(old)
+        assert response.status_code == 301, old
+        assert response["Location"] == new
+
+
+def test_links_and_redirects_point_at_the_surviving_pages(browser, run):
+    for url in ("/queue/", "/experiments/", f"/experiments/{run.experiment_id}/runs/new"):
+        page = browser.get(url).content.decode()
+        assert (
+            'href="/runs/' not in page and f'href="/experiments/{run.experiment_id}/"' not in page
+        )
+    assert f'href="/dashboard/runs/{run.pk}/"' in browser.get("/queue/").content.decode()
+    created = browser.post("/experiments/", {"name": "fresh", "preset": "moe-grpo"})
+    assert created["Location"].startswith("/dashboard/experiments/")
+
+
+def test_experiment_page_keeps_the_platform_actions(browser, run):
+    """New run, sweep builder, the run list and comments on the one experiment page."""
+    url = f"/dashboard/experiments/{run.experiment_id}/"
+    page = browser.get(url).content.decode()
+    assert f'href="/experiments/{run.experiment_id}/runs/new"' in page
+    assert f'href="/experiments/{run.experiment_id}/sweeps/new"' in page
+    assert f'href="/dashboard/runs/{run.pk}/"' in page
+    response = browser.post(url, {"body": "looks <b>stable</b>"})
+    assert response.status_code == 302 and response["Location"] == url + "#comments"
+    assert "looks &lt;b&gt;stable&lt;/b&gt;" in browser.get(url).content.decode()
+    assert browser.post(url, {"body": "  "}).status_code == 302  # error shown as a message
 
 
 def test_form_is_generated_from_the_schema():
     sections = schema_form.build_sections()
     assert [s.path for s in sections] == [
         "model", "task", "warm_start", "rollout", "algorithm", "stabilizers", "optim", "run",
+        "parallel",
     ]  # fmt: skip
     fields = {f.path: f for f in schema_form.iter_fields(sections)}
-    replay = fields["stabilizers.routing_replay"]
+    replay = fields["stabilizers.replay.mode"]
     assert replay.kind == "enum" and replay.choices == ["none", "r2", "r3"]
     assert replay.default == "none" and "replay" in replay.help
     assert fields["algorithm.advantage.ema_decay"].kind == "number"
     assert fields["model.vocab_size"].nullable
     assert fields["run.steps"].minimum == 1
+    # Sub-models by owner are nested sections; the task union is a kind select plus
+    # the shared fields, then one section per kind.
+    stabilizers = next(s for s in sections if s.path == "stabilizers")
+    assert [s.path for s in stabilizers.subsections][:3] == [
+        "stabilizers.replay", "stabilizers.balance", "stabilizers.surgery",
+    ]  # fmt: skip
+    task = next(s for s in sections if s.path == "task")
+    assert task.fields[0].path == "task.name"
+    assert task.fields[0].choices == ["arithmetic", "sort", "text"]
+    assert [s.path for s in task.subsections] == ["task.arithmetic", "task.sort", "task.text"]
+    assert fields["task.min_len"].when == ("task.name", "sort")
+    assert fields["task.data_file"].when == ("task.name", "text")
+    assert fields["task.operations"].default == ["add"]
 
 
 def test_new_run_form_shows_sections_defaults_and_help(browser, experiment):
     page = browser.get(f"/experiments/{experiment.pk}/runs/new?preset=moe-grpo-r3").content.decode()
     assert 'id="section-stabilizers"' in page and 'id="section-run.collapse"' in page
-    assert 'name="stabilizers.routing_replay"' in page
+    assert 'name="stabilizers.replay.mode"' in page and 'id="section-stabilizers.replay"' in page
+    assert 'id="section-task.sort"' in page
     assert '<option value="r3" selected>' in page
     assert "arXiv 2510.11370" in page  # the field's help text from the schema
     assert "default none" in page
@@ -94,12 +150,24 @@ def _form_post(experiment, **changes):
 
 
 def test_new_run_form_queues_a_valid_run(browser, experiment):
-    data = _form_post(experiment, **{"run.steps": "7", "stabilizers.routing_replay": "r3"})
+    data = _form_post(experiment, **{"run.steps": "7", "stabilizers.replay.mode": "r3"})
     response = browser.post(f"/experiments/{experiment.pk}/runs/new", data)
     assert response.status_code == 302, response.content.decode()[-2000:]
     run = Run.objects.get()
-    assert run.total_steps == 7 and run.config["stabilizers"]["routing_replay"] == "r3"
+    assert response["Location"] == f"/dashboard/runs/{run.pk}/"
+    assert run.total_steps == 7 and run.config["stabilizers"]["replay"]["mode"] == "r3"
     assert run.variant == "form run"
+
+
+def test_form_sends_only_the_selected_task_kinds_fields(browser, experiment):
+    changes = {"task.name": "sort", "task.max_len": "5", "model.max_seq_len": "96",
+               "rollout.max_new_tokens": "32"}  # fmt: skip
+    response = browser.post(
+        f"/experiments/{experiment.pk}/runs/new", _form_post(experiment, **changes)
+    )
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    task = Run.objects.get().config["task"]
+    assert task["name"] == "sort" and task["max_len"] == 5 and "min_digits" not in task
 
 
 @pytest.mark.parametrize(
@@ -146,7 +214,7 @@ def test_clone_prefills_the_form(browser, run):
 def test_sweep_builder_previews_then_creates(browser, experiment):
     url = f"/experiments/{experiment.pk}/sweeps/new"
     data = {
-        "field_0": "stabilizers.routing_replay", "values_0": "none, r3",
+        "field_0": "stabilizers.replay.mode", "values_0": "none, r3",
         "field_1": "algorithm.name", "values_1": "grpo, gspo",
         "seeds": "0, 1, 2", "queue": "cpu", "action": "preview",
     }  # fmt: skip
@@ -161,10 +229,10 @@ def test_sweep_builder_previews_then_creates(browser, experiment):
 
 
 def test_user_text_is_escaped(browser, user, run):
-    services.add_comment(author=user, body="<script>alert(1)</script>", run=run)
+    comments.add_comment(author=user, body="<script>alert(1)</script>", run=run)
     run.experiment.name = "<img src=x onerror=alert(1)>"
     run.experiment.save()
-    page = browser.get(f"/runs/{run.pk}/").content.decode()
+    page = browser.get(f"/dashboard/runs/{run.pk}/").content.decode()
     assert "<script>alert(1)</script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<img src=x" not in page
@@ -179,8 +247,12 @@ def test_forms_need_csrf(user, run):
 
 def test_only_owner_or_staff_cancel_in_the_browser(browser, other_browser, run):
     assert other_browser.post(f"/runs/{run.pk}/cancel").status_code == 403
-    assert "Cancel run" not in other_browser.get(f"/runs/{run.pk}/").content.decode()
-    assert browser.post(f"/runs/{run.pk}/cancel").status_code == 302
+    assert "Cancel run" not in other_browser.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = browser.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    assert f'action="/runs/{run.pk}/cancel"' in page and f'action="/runs/{run.pk}/delete"' in page
+    assert f'href="/experiments/{run.experiment_id}/runs/new?clone={run.pk}"' in page
+    response = browser.post(f"/runs/{run.pk}/cancel")
+    assert response.status_code == 302 and response["Location"] == f"/dashboard/runs/{run.pk}/"
     assert Run.objects.get(pk=run.pk).status == "cancelled"
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from jobs.supervisor import has_checkpoint, outcome, trainer_command
-from jobs.tailer import MetricsTail
+from lab.jobs.supervisor import has_checkpoint, outcome, trainer_command
+from lab.jobs.tailer import MetricsTail
+from trainer.run_files import parse_metric_lines
 
 
 def test_trainer_command_single_gpu_and_resume(tmp_path):
@@ -46,6 +47,14 @@ def test_tail_reads_complete_lines_only_and_restarts_after_a_rewrite(tmp_path):
     path.write_text('{"step": 0, "a": 1}\n')
     assert [r["step"] for r in tail.read_new()] == [0]
     assert [r["step"] for r in tail.read_all()] == [0]
+
+
+def test_parse_metric_lines_keeps_the_partial_tail():
+    blob = b'{"step": 0}\n\n[1, 2]\n\xff\n{"step": 1, "a": nu'
+    records, tail = parse_metric_lines(blob)
+    assert records == [{"step": 0}]  # blank, non-object and undecodable lines skipped
+    assert tail == b'{"step": 1, "a": nu'
+    assert parse_metric_lines(b"") == ([], b"")
 
 
 def _summary(tmp_path, **fields):

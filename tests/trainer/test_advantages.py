@@ -135,3 +135,36 @@ def test_gae_lambda_zero_is_one_step_td():
     adv, _ = gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.2, 0.4]]), mask, gamma=1.0, lam=0.0)
     # A_0 = 0 + 0.4 - 0.2 = 0.2 ; A_1 = 1 - 0.4 = 0.6
     close(adv, [[0.2, 0.6]])
+
+
+@pytest.mark.parametrize("group_size", [3, 7, 8, 12, 16])
+@pytest.mark.parametrize("value", [0.7, 0.1, 0.3, 1 / 3, 0.9, -2.5, 1e3 + 0.3])
+def test_equal_non_binary_rewards_give_exactly_zero(group_size, value):
+    """fp32 rounding of the mean used to leave residues that a tiny std blew up
+    (a group of eight 0.7s got +0.056 each)."""
+    equal = [value] * group_size
+    other = [float(i % 2) for i in range(group_size)]
+    adv = grpo_advantages(torch.tensor(equal + other, dtype=torch.float32), group_size)
+    assert torch.equal(adv[:group_size], torch.zeros(group_size))
+    assert adv[group_size:].abs().sum() > 0
+
+
+def test_ema_normalised_equal_groups_give_exactly_zero():
+    """The EMA-normalised path (preset moe-grpo-ema-adv) over 500 simulated
+    all-equal groups: every advantage is exactly 0."""
+    gen = torch.Generator().manual_seed(0)
+    normalizer = RewardNormalizer(decay=0.9)
+    for _ in range(500):
+        value = torch.rand((), generator=gen).item()
+        rewards = torch.full((8,), value)
+        normalizer.update(rewards)
+        adv = grpo_advantages(normalizer.normalize(rewards), group_size=8)
+        assert torch.equal(adv, torch.zeros(8))
+
+
+def test_expert_zscore_equal_non_binary_advantages_give_exactly_zero():
+    adv = torch.tensor([0.7] * 8 + [0.3, 0.9])
+    groups = torch.tensor([1] * 8 + [2, 2])
+    z = expert_zscore_advantages(adv, groups)
+    assert torch.equal(z[:8], torch.zeros(8))
+    assert z[8] < 0 < z[9]

@@ -3,9 +3,10 @@ raises held-out accuracy over the warm-started base it starts from."""
 
 import pytest
 
-from trainer.config import apply_overrides, validate_config
+from trainer.config import apply_overrides
 from trainer.presets import preset_dict
 from trainer.runner import train
+from trainer.validation import validate_config
 
 
 @pytest.mark.slow

@@ -117,3 +117,18 @@ def test_bf16_autocast_forward_keeps_fp32_logits_and_router(tiny_moe_cfg, make_b
     assert all(r.probs.dtype == torch.float32 for r in out.routing)
     out.logits.float().sum().backward()
     assert torch.isfinite(model.tok_emb.weight.grad).all()
+
+
+def test_dense_swiglu_equals_the_fused_gate_up_layout():
+    """Three plain linears compute what one fused gate|up linear computed (Shazeer 2020)."""
+    import torch.nn.functional as F
+
+    from trainer.model.layers import SwiGLU
+
+    torch.manual_seed(0)
+    ffn = SwiGLU(16, 24)
+    x = torch.randn(3, 5, 16)
+    gate_up = torch.cat((ffn.w_gate.weight, ffn.w_up.weight), dim=0)  # (2H, D)
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    fused = F.linear(F.silu(gate) * up, ffn.w_down.weight)
+    torch.testing.assert_close(ffn(x), fused, rtol=1e-6, atol=1e-6)

@@ -15,6 +15,7 @@ from trainer.rollout import (
     sample_next,
     top_p_filter,
 )
+from trainer.stabilizers.replay import pack_routing, unpack_routing
 
 VOCAB = 24
 
@@ -161,7 +162,7 @@ def test_eos_stops_rows_and_pads_after(tiny_moe_cfg, make_batch):
         assert not batch.attention_mask[row, 4 + stop + 1 :].any()
         assert (response[stop + 1 :] == 0).all()
         assert (batch.logprobs[row, 4 + stop + 1 :] == 0).all()
-    assert batch.response_lengths[0] <= 3  # row 0 stopped at its first EOS
+    assert batch.response_mask[0].sum() <= 3  # row 0 stopped at its first EOS
 
 
 def test_generation_ends_when_every_row_stopped(tiny_moe_cfg, make_batch):
@@ -209,11 +210,12 @@ def test_bitpack_round_trip(n_experts, bits):
     gen = torch.Generator().manual_seed(1)
     layers = [torch.randint(0, n_experts, (2, 7, 3), generator=gen) for _ in range(3)]
     packed = PackedRouting.from_indices(layers, n_experts, torch.ones(2, 7, dtype=torch.bool))
-    bitpacked = packed.bitpack()
+    # The transport packer (the one the RL loop ships the engine's routing with).
+    bitpacked = pack_routing(list(packed.indices.unbind(0)), n_experts)
     assert bitpacked.bits == bits
-    assert bitpacked.bytes_per_token_layer == 3 * bits / 8
-    assert bitpacked.data.numel() == -(-3 * 2 * 7 * 3 * bits // 8)
-    for a, b in zip(bitpacked.unpack(), layers, strict=True):
+    assert bitpacked.nbytes == -(-3 * 2 * 7 * 3 * bits // 8)  # whole bytes of the stream
+    assert bitpacked.bytes_per_token_layer == bitpacked.nbytes / (3 * 2 * 7)
+    for a, b in zip(unpack_routing(bitpacked), layers, strict=True):
         assert torch.equal(a, b)
 
 

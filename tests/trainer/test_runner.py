@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from trainer import metric_keys as K
-from trainer.config import apply_overrides, validate_config
+from trainer.config import apply_overrides
 from trainer.presets import preset_dict
 from trainer.run_files import read_metrics
 from trainer.runner import train
+from trainer.validation import validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,22 +83,22 @@ def test_same_seed_same_metrics(tmp_path):
 # Every stabilizer with state on at once (R3 rather than R2: they are exclusive), with
 # the warm-up and the controllers acting across the resume point at step 2.
 ALL_STABILIZERS = [
-    "stabilizers.routing_replay=r3",
-    "stabilizers.replay_warmup_steps=3",
-    "stabilizers.replay_compression=rle",
-    "stabilizers.aux_loss_coef=0.01",
-    "stabilizers.aux_loss_scope=sequence",
-    "stabilizers.z_loss_coef=0.001",
-    "stabilizers.aux_free_bias=true",
-    "stabilizers.router_kl_coef=0.1",
-    "stabilizers.router_kl_buffer_steps=2",
-    "stabilizers.gradient_surgery=true",
+    "stabilizers.replay.mode=r3",
+    "stabilizers.replay.warmup_steps=3",
+    "stabilizers.replay.compression=rle",
+    "stabilizers.balance.aux_loss_coef=0.01",
+    "stabilizers.balance.aux_loss_scope=sequence",
+    "stabilizers.balance.z_loss_coef=0.001",
+    "stabilizers.balance.aux_free_bias=true",
+    "stabilizers.balance.router_kl_coef=0.1",
+    "stabilizers.balance.router_kl_buffer_steps=2",
+    "stabilizers.surgery.enabled=true",
     "stabilizers.router_temperature.enabled=true",
     "stabilizers.router_temperature.interval=1",
-    "stabilizers.noisy_gating=true",
-    "stabilizers.per_expert_grad_clip=1.0",
-    "stabilizers.router_lr_scale=0.5",
-    "stabilizers.is_correction=tis",
+    "stabilizers.noisy_gating.enabled=true",
+    "optim.per_expert_grad_clip=1.0",
+    "optim.router_lr_scale=0.5",
+    "stabilizers.is_correction.kind=tis",
     "algorithm.advantage.ema_decay=0.99",
     "algorithm.advantage.expert_zscore=true",
 ]
@@ -143,6 +144,30 @@ def test_cli_bad_config_names_field_and_writes_nothing(tmp_path):
     result = _cli("run", "--preset", "no-such-preset", "--out", str(out))
     assert result.returncode == 2 and "unknown preset" in result.stderr
     assert not out.exists()
+
+
+def test_cli_prints_deprecated_paths_and_still_accepts_them():
+    result = _cli("config", "--preset", "moe-grpo", "--set", "stabilizers.routing_replay=r3")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["stabilizers"]["replay"]["mode"] == "r3"
+    assert (
+        "deprecated: stabilizers.routing_replay is deprecated; use stabilizers.replay.mode"
+        in result.stderr
+    )
+
+
+def test_cli_exits_quietly_on_a_closed_pipe():
+    """`python -m trainer presets | head -1`: no BrokenPipeError traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "presets"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    # The reader goes away before the CLI (still importing) writes anything, as
+    # `head -1` does once it has its line; every write then meets a closed pipe.
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0
+    assert "BrokenPipeError" not in stderr and "Traceback" not in stderr, stderr
 
 
 @pytest.mark.slow

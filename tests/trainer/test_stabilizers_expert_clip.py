@@ -4,14 +4,15 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.stabilizers.expert_clip import clip_expert_params_, clip_per_expert_
+from trainer.stabilizers.expert_clip import clip_expert_params_
 
 torch.set_num_threads(1)
 
 
 def test_each_expert_clipped_on_its_own():
-    grads = torch.tensor([[[3.0, 4.0]], [[0.3, 0.4]], [[0.0, 0.0]]])  # (E=3, 1, 2): norms 5, .5, 0
-    norms = clip_per_expert_(grads, max_norm=1.0)
+    weight = nn.Parameter(torch.zeros(3, 1, 2))
+    grads = weight.grad = torch.tensor([[[3.0, 4.0]], [[0.3, 0.4]], [[0.0, 0.0]]])  # (E=3, 1, 2)
+    norms = clip_expert_params_([("moe.w", weight)], 1.0, lambda _: True)["moe"]  # 5, .5, 0
     torch.testing.assert_close(norms, torch.tensor([5.0, 0.5, 0.0]))
     # expert 0 scaled by 1 / (5 + 1e-6); the others untouched
     torch.testing.assert_close(grads[0], torch.tensor([[0.6, 0.8]]))

@@ -19,29 +19,30 @@ from trainer.config import ExperimentConfig
 from trainer.measure import expert_load, max_violation, routing_differs
 from trainer.model import LayerRouting, TransformerLM, topk_gates
 from trainer.rollout import RolloutEngine, prompt_logprobs
-from trainer.stabilizers.loop import Stabilizers, ship_routing
-from trainer.update import PolicyUpdater, RolloutData, measure_batch
+from trainer.rollout_data import RolloutData, ship_routing
+from trainer.stabilizers.loop import Stabilizers
+from trainer.update import PolicyUpdater, measure_batch
 
 VOCAB = 24
 MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_experts": 8, "top_k": 2,
          "expert_hidden": 64, "max_seq_len": 64}  # fmt: skip
 
 
-def make_cfg(**stabilizers) -> ExperimentConfig:
+def make_cfg(optim: dict | None = None, **stabilizers) -> ExperimentConfig:
     return ExperimentConfig.model_validate(
         {
             "model": MODEL,
             "rollout": {"group_size": 4, "precision": "bf16"},
             "algorithm": {"minibatches": 4, "kl_coef": 0.0},
-            "optim": {"lr": 1e-2},
+            "optim": {"lr": 1e-2, **(optim or {})},
             "stabilizers": stabilizers,
         }
     )
 
 
-def rollout_setup(**stabilizers):
+def rollout_setup(optim: dict | None = None, **stabilizers):
     """Policy, updater and one bf16-engine rollout batch of 16 sequences."""
-    cfg = make_cfg(**stabilizers)
+    cfg = make_cfg(optim, **stabilizers)
     torch.manual_seed(0)
     policy = TransformerLM(cfg.model, VOCAB)
     updater = PolicyUpdater(cfg, policy, None, torch.Generator().manual_seed(1))
@@ -52,7 +53,7 @@ def rollout_setup(**stabilizers):
         prompts, prompt_mask, max_new_tokens=8, generator=torch.Generator().manual_seed(2)
     )
     rewards = (torch.arange(16) % 3 == 0).float()
-    data = RolloutData.from_rollout(rollout, rewards, cfg.stabilizers.replay_compression)
+    data = RolloutData.from_rollout(rollout, rewards, cfg.stabilizers.replay.compression)
     return cfg, policy, updater, data
 
 
@@ -84,7 +85,7 @@ def update_routings(updater: PolicyUpdater, data: RolloutData):
 
 # --------------------------------------------------------------------------- replay
 def test_r3_trains_on_the_rollout_routing_while_the_natural_gap_is_still_measured():
-    cfg, policy, updater, data = rollout_setup(routing_replay="r3", z_loss_coef=1e-3)
+    cfg, policy, updater, data = rollout_setup(replay={"mode": "r3"}, balance={"z_loss_coef": 1e-3})
     metrics = updater.stabilizers.begin_step(0, data)
     assert metrics[K.R3_REPLAYED_FRAC] == 1.0  # no warm-up: every recorded pair replays
     metrics.update(measure_batch(cfg, policy, updater, data))
@@ -99,7 +100,7 @@ def test_r3_trains_on_the_rollout_routing_while_the_natural_gap_is_still_measure
 
 
 def test_r2_replays_the_old_policy_routing_not_the_engine_one():
-    cfg, policy, updater, data = rollout_setup(routing_replay="r2", z_loss_coef=1e-3)
+    cfg, policy, updater, data = rollout_setup(replay={"mode": "r2"}, balance={"z_loss_coef": 1e-3})
     assert updater.stabilizers.begin_step(0, data) == {}  # R2 has no engine mask
     metrics = measure_batch(cfg, policy, updater, data)
     # The measure forward is the old policy itself: nothing replayed there.
@@ -120,7 +121,7 @@ def test_r2_replays_the_old_policy_routing_not_the_engine_one():
 
 def test_r3_warmup_keeps_a_share_of_pairs_on_the_training_router():
     _, _, updater, data = rollout_setup(
-        routing_replay="r3", replay_warmup_steps=10, replay_warmup_keep_frac=0.5
+        replay={"mode": "r3", "warmup_steps": 10, "warmup_keep_frac": 0.5}
     )
     stabilizers = updater.stabilizers
     seen = data.routing_mask & data.attention_mask
@@ -155,7 +156,10 @@ def test_balance_losses_use_natural_or_used_experts_as_configured():
     mask[0, :2] = False
     flat = mask.reshape(-1)
     for from_natural, idx in ((True, natural), (False, used)):
-        cfg = make_cfg(aux_loss_coef=0.5, z_loss_coef=0.25, lb_from_natural_routing=from_natural)
+        cfg = make_cfg(
+            balance={"aux_loss_coef": 0.5, "z_loss_coef": 0.25,
+                     "lb_from_natural_routing": from_natural}
+        )  # fmt: skip
         stab = Stabilizers(cfg, TransformerLM(cfg.model, VOCAB), torch.device("cpu"))
         loss, stats = stab.routing_loss(routing, mask)
         aux = switch_aux_loss(probs.reshape(-1, 8), idx.reshape(-1, 2), 8, flat)
@@ -174,7 +178,9 @@ def test_plain_runs_ask_for_no_routing_and_pay_no_routing_loss():
 
 
 def test_router_kl_anchors_to_earlier_steps_only():
-    cfg, policy, updater, data = rollout_setup(router_kl_coef=0.1, router_kl_buffer_steps=2)
+    cfg, policy, updater, data = rollout_setup(
+        balance={"router_kl_coef": 0.1, "router_kl_buffer_steps": 2}
+    )
     stab = updater.stabilizers
     measure_batch(cfg, policy, updater, data)
     metrics = updater.update(data, 0, lr=cfg.optim.lr, entropy_coef=0.0)
@@ -214,7 +220,7 @@ def _imbalanced_model(cfg: ExperimentConfig):
 
 def test_aux_free_bias_moves_load_toward_uniform_and_leaves_gates_alone():
     # u = 0.05 instead of DeepSeek-V3's 1e-3, to undo logit gaps of order 1 in 80 steps.
-    cfg = make_cfg(aux_free_bias=True, aux_free_bias_rate=0.05)
+    cfg = make_cfg(balance={"aux_free_bias": True, "aux_free_bias_rate": 0.05})
     model, tokens, mask = _imbalanced_model(cfg)
     stab = Stabilizers(cfg, model, torch.device("cpu"))
 
@@ -245,7 +251,7 @@ def test_aux_free_bias_moves_load_toward_uniform_and_leaves_gates_alone():
 
 # --------------------------------------------------------------------------- noisy gating
 def test_noisy_gating_only_in_training_forwards_and_only_for_selection():
-    cfg, policy, updater, data = rollout_setup(noisy_gating=True, noisy_gating_init_std=5.0)
+    cfg, policy, updater, data = rollout_setup(noisy_gating={"enabled": True, "init_std": 5.0})
     clean = TransformerLM(cfg.model, VOCAB)
     clean.load_state_dict(policy.state_dict(), strict=False)  # no noise-scale parameters
     assert any("router.noise.raw" in name for name, _ in policy.named_parameters())
@@ -311,7 +317,7 @@ def test_training_model_and_engine_share_the_controller_temperature():
 
 # --------------------------------------------------------------------------- gradients
 def test_parameter_groups_and_per_expert_clip_match_the_model_names():
-    _, policy, updater, data = rollout_setup(per_expert_grad_clip=1e-3)
+    _, policy, updater, data = rollout_setup(optim={"per_expert_grad_clip": 1e-3})
     groups = {g["name"]: g["params"] for g in updater.optimizer.param_groups}
     layers = policy.moe_layers
     assert {id(p) for p in groups["router"]} == {id(layer.router.weight) for layer in layers}

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from trainer import metric_keys as K
-from trainer.config import apply_overrides, validate_config
+from trainer.config import apply_overrides
 from trainer.presets import PRESETS, preset_dict
 from trainer.run_files import read_metrics
 from trainer.runner import train
+from trainer.validation import validate_config
 
 TINY = [
     "run.steps=2",
@@ -42,8 +43,8 @@ def test_warmup_share_follows_its_schedule_in_a_run(tmp_path):
     rows = run(
         tmp_path,
         "moe-grpo-r3-warmup",
-        ["run.steps=6", "rollout.prompts_per_step=4", "stabilizers.replay_warmup_steps=4",
-         "stabilizers.replay_warmup_keep_frac=0.5"],
+        ["run.steps=6", "rollout.prompts_per_step=4", "stabilizers.replay.warmup_steps=4",
+         "stabilizers.replay.warmup_keep_frac=0.5"],
     )  # fmt: skip
     replayed = [r[K.R3_REPLAYED_FRAC] for r in rows]
     # own-choice share p = 0.5 * (1 - step / 4): replayed 0.5, 0.625, 0.75, 0.875, then 1
@@ -89,7 +90,7 @@ EXPECTED_KEYS = {
 }  # fmt: skip
 # gpu-* presets (12 layers, width 768) are validated in test_config, not run on a CPU.
 # Longer tasks pay a fresh warm start and longer rollouts: over 10 s here.
-SLOW_PRESETS = {"moe-grpo-scratchpad", "sort-moe-grpo"}
+SLOW_PRESETS = {"moe-grpo-scratchpad", "sort-moe-grpo", "text-grpo"}
 TINY_PRESETS = [
     pytest.param(name, marks=[pytest.mark.slow] if name in SLOW_PRESETS else [])
     for name in PRESETS

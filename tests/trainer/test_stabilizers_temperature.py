@@ -4,11 +4,8 @@ import pytest
 import torch
 
 from trainer.config import RouterTemperatureConfig
-from trainer.stabilizers.temperature import (
-    NoiseScale,
-    RouterTemperatureController,
-    noisy_topk_logits,
-)
+from trainer.model.noisy_gating import NoiseScale, noisy_topk_logits
+from trainer.stabilizers.temperature import RouterTemperatureController
 
 torch.set_num_threads(1)
 

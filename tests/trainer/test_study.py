@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trainer.config import ConfigError
+from trainer.errors import FieldError
 from trainer.runner import train
 from trainer.study import (
     StudyDefinition,
@@ -58,12 +58,12 @@ def test_builtin_definitions_cover_the_issue_variants():
 
 
 def test_bad_definition_names_the_variant_and_field():
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(FieldError) as info:
         StudyDefinition.from_dict(
             {"base": {"preset": "moe-grpo"}, "variants": [{"name": "x", "set": ["model.top_k=99"]}]}
         )
     assert "variants.x.model.top_k" in str(info.value)
-    with pytest.raises(ConfigError):
+    with pytest.raises(FieldError):
         StudyDefinition.from_dict({"base": {}, "variants": []})
 
 
@@ -84,7 +84,7 @@ def test_study_runs_aggregates_and_resumes(tmp_path):
             "parallel": 2,
             "variants": [
                 {"name": "moe", "set": []},
-                {"name": "moe-r3", "set": ['stabilizers.routing_replay="r3"']},
+                {"name": "moe-r3", "set": ['stabilizers.replay.mode="r3"']},
             ],
         }
     )
@@ -96,10 +96,98 @@ def test_study_runs_aggregates_and_resumes(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| variant |") and "| moe-r3 |" in table
     assert markdown_table(results) in table
-    for name in ("kl_k3.png", "routing_inconsistency.png", "accuracy.png", "collapse_steps.png"):
+    for name in ("kl_k3.png", "routing_inconsistency.png", "accuracy.png", "collapse_steps.png",
+                 "survival.png"):  # fmt: skip
         assert (tmp_path / name).stat().st_size > 1000
+    stats = results["statistics"]
+    assert stats["reference"] == "moe"  # no moe-grpo variant: the first
+    assert stats["variants"]["moe-r3"]["logrank_p"] is None  # no collapse in either arm
+    assert stats["variants"]["moe"]["median"] is None  # not reached
+    assert [row["signal"] for row in stats["lead_lag"]] == [
+        "mismatch/kl_k3", "mismatch/routing_inconsistency"]  # fmt: skip
+    assert "| variant | collapsed | median time-to-collapse" in table
+    assert "| variant | runs | mean k3 x1e-3 [95% CI] | median k3" in table
+    moe = results["variants"]["moe"]["seeds"][0]
+    assert moe["kl_k3_median"] > 0 and moe["kl_k3_steps"] == 2
     # A finished study is not run again.
     before = (tmp_path / "moe" / "seed0" / "summary.json").stat().st_mtime
     again = run_study(study, tmp_path)
     assert (tmp_path / "moe" / "seed0" / "summary.json").stat().st_mtime == before
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(results))
+
+
+def test_dose_and_fixes_definitions():
+    dose = load_definition("dose")
+    assert len(dose.variants) == 12 and len(dose.seeds) >= 5
+    assert dose.dose["levels"] == ["fp32", "fp16", "bf16", "fp8"]
+    names = {v.name for v in dose.variants}
+    assert {f"{arm}-{level}" for arm in dose.dose["arms"] for level in dose.dose["levels"]} == names
+    fixes = load_definition("fixes")
+    assert fixes.reference == "moe-grpo" and len(fixes.seeds) >= 5
+    wanted = {"moe-grpo-r3", "moe-grpo-r2", "moe-gspo", "moe-gspo-r3", "moe-grpo-tis",
+              "moe-grpo-mis", "moe-grpo-icepop", "moe-grpo-lb-surgery", "moe-ppo",
+              "moe-grpo-temperature", "moe-grpo-expert-clip"}  # fmt: skip
+    assert wanted <= {v.name for v in fixes.variants}
+
+
+def test_a_slice_of_a_study_by_variants_and_seeds():
+    from trainer.study import select
+
+    dose = load_definition("dose")
+    part = select(dose, "moe-grpo-fp8,dense-grpo-fp8", "0,3")
+    assert [v.name for v in part.variants] == ["moe-grpo-fp8", "dense-grpo-fp8"]
+    assert part.seeds == [0, 3] and part.dose == dose.dose
+    with pytest.raises(FieldError, match="variants"):
+        select(dose, "nope", None)
+    with pytest.raises(FieldError, match="seeds"):
+        select(dose, None, "a,b")
+
+
+def test_seed_fields_give_every_seed_its_own_base():
+    kl = load_definition("kl-order")
+    assert kl.seed_fields == ["warm_start.seed"] and len(kl.seeds) >= 3
+    assert {v.name for v in kl.variants} == {"dense-grpo", "moe-grpo", "moe-grpo-r3"}
+    configs = [kl.config_for(kl.variants[1], seed) for seed in kl.seeds]
+    assert [c.warm_start.seed for c in configs] == kl.seeds == [c.run.seed for c in configs]
+    assert configs[0].task.scratchpad  # long responses
+    # Different bases: the warm-start cache key differs per seed, not per variant's RL seed only.
+    assert len({c.hash("model", "task", "warm_start") for c in configs}) == len(kl.seeds)
+    base = {"base": {"preset": "moe-grpo"}, "variants": [{"name": "x"}]}
+    for bad in ("warm_start.seed", ["run.seed"], [""]):
+        with pytest.raises(FieldError, match="seed_fields"):
+            StudyDefinition.from_dict({**base, "seed_fields": bad})
+    with pytest.raises(FieldError, match=r"variants\.x"):  # an unknown path is a field error
+        StudyDefinition.from_dict({**base, "seed_fields": ["warm_start.nope"]})
+
+
+def test_k3_profile_median_and_spikes_by_hand():
+    from trainer.study import k3_profile
+
+    # Median of [1, 2, 3, 50, None, 2] (None skipped) = 2; spikes are > 10 x 2 = 20: one (50).
+    assert k3_profile([1e-3, 2e-3, 3e-3, 50e-3, None, 2e-3]) == {
+        "kl_k3_median": 2e-3, "kl_k3_spikes": 1, "kl_k3_steps": 5}  # fmt: skip
+    assert k3_profile([None]) == {"kl_k3_median": None, "kl_k3_spikes": None, "kl_k3_steps": 0}
+    assert k3_profile([0.0, 0.0, 1e-3])["kl_k3_spikes"] == 0  # a zero median has no spikes
+
+
+@pytest.mark.slow
+def test_distinct_bases_train_in_parallel_once_each(tmp_path, monkeypatch):
+    from trainer.study import _train_bases
+
+    monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
+    study = StudyDefinition.from_dict(
+        {"base": {"preset": "moe-grpo", "set": TINY}, "seeds": [0, 1],
+         "seed_fields": ["warm_start.seed"], "variants": [{"name": "moe"}]}
+    )  # fmt: skip
+    configs = [study.config_for(study.variants[0], seed) for seed in study.seeds]
+    _train_bases(configs, parallel=2)
+    assert len(list((tmp_path / "cache").rglob("*.pt"))) == 2
+
+
+def test_set_may_not_override_what_a_variant_sets_itself():
+    from trainer.study import check_overrides
+
+    kl = load_definition("kl-order")
+    with pytest.raises(FieldError, match=r"dense-grpo set model\.n_experts"):
+        check_overrides(kl, ["model.n_experts=16"])
+    check_overrides(kl, ["model.n_layers=4", "run.steps=10"])  # nobody's own field: fine

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from trainer.config import ConfigError, ExperimentConfig, TaskConfig, validate_config
+from trainer.config import ArithmeticTaskConfig, ExperimentConfig, SortTaskConfig
+from trainer.errors import FieldError
 from trainer.presets import PRESETS, resolve_preset
 from trainer.tasks import (
     HELD_OUT_SHARE,
@@ -19,10 +20,11 @@ from trainer.tasks import (
     make_task,
 )
 from trainer.tasks.arithmetic import add_scratchpad, mul_scratchpad, sub_scratchpad
+from trainer.validation import validate_config
 
 
 def arithmetic(**kwargs) -> ArithmeticTask:
-    task = make_task(TaskConfig(name="arithmetic", **kwargs))
+    task = make_task(ArithmeticTaskConfig(**kwargs))
     assert isinstance(task, ArithmeticTask)
     return task
 
@@ -179,7 +181,7 @@ def test_format_reward_only_for_well_formed_wrong_answers():
 
 # --------------------------------------------------------------------------- sort
 def test_sort_format_and_reward():
-    task = make_task(TaskConfig(name="sort", format_reward=0.05))
+    task = make_task(SortTaskConfig(format_reward=0.05))
     assert isinstance(task, SortTask)
     problem = task.build((43, 7, 91))
     assert problem == Problem("sort:43,7,91=", "7,43,91", "7,43,91")
@@ -192,7 +194,7 @@ def test_sort_format_and_reward():
 
 
 def test_sort_sampling_and_long_responses():
-    task = make_task(TaskConfig(name="sort", sort_min_len=8, sort_max_len=10, sort_max_value=99))
+    task = make_task(SortTaskConfig(min_len=8, max_len=10, max_value=99))
     for p in task.sample(50, random.Random(1)):
         numbers = [int(x) for x in p.prompt[len("sort:") : -1].split(",")]
         assert 8 <= len(numbers) <= 10 and all(0 <= x <= 99 for x in numbers)
@@ -206,9 +208,9 @@ def test_sort_sampling_and_long_responses():
 @pytest.mark.parametrize(
     "cfg",
     [
-        TaskConfig(operations=["add"], min_digits=1, max_digits=2),  # enumerated space
-        TaskConfig(operations=["add", "sub", "mul"], min_digits=2, max_digits=3),  # large
-        TaskConfig(name="sort", sort_min_len=3, sort_max_len=5),
+        ArithmeticTaskConfig(operations=["add"], min_digits=1, max_digits=2),  # enumerated space
+        ArithmeticTaskConfig(operations=["add", "sub", "mul"], min_digits=2, max_digits=3),  # large
+        SortTaskConfig(min_len=3, max_len=5),
     ],
 )
 def test_eval_set_is_deterministic_and_disjoint_from_training(cfg):
@@ -248,10 +250,14 @@ def test_eval_size_is_honoured_when_smaller_than_the_held_out_share():
 @pytest.mark.parametrize(
     "cfg",
     [
-        TaskConfig(operations=["add", "sub", "mul"], min_digits=1, max_digits=2),
-        TaskConfig(operations=["add", "sub", "mul"], min_digits=1, max_digits=2, scratchpad=True),
-        TaskConfig(operations=["sub", "mul"], min_digits=2, max_digits=2, scratchpad=True),
-        TaskConfig(name="sort", sort_min_len=2, sort_max_len=3, sort_max_value=12),
+        ArithmeticTaskConfig(operations=["add", "sub", "mul"], min_digits=1, max_digits=2),
+        ArithmeticTaskConfig(
+            operations=["add", "sub", "mul"], min_digits=1, max_digits=2, scratchpad=True
+        ),
+        ArithmeticTaskConfig(
+            operations=["sub", "mul"], min_digits=2, max_digits=2, scratchpad=True
+        ),
+        SortTaskConfig(min_len=2, max_len=3, max_value=12),
     ],
 )
 def test_max_lengths_match_brute_force(cfg):
@@ -291,6 +297,6 @@ def test_check_lengths_names_the_fields():
     assert "29" in errors["model.max_seq_len"]  # 9-token prompt + 20 new tokens
     assert check_lengths(ExperimentConfig()) == []
     # validate_config applies the same check, so the CLI, API and form reject it too.
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(FieldError) as info:
         validate_config(cfg.to_dict())
     assert "rollout.max_new_tokens" in info.value.as_dict()

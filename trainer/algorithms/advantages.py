@@ -13,6 +13,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# A group whose rewards (or advantages) spread less than this, relative to their
+# size, counts as all-equal: its advantages are exactly 0. Without it, fp32
+# rounding of the mean leaves ~1e-8 residues that a ~1e-8 std divides up to
+# O(0.1) advantages (a group of 0.7s got +0.056 each).
+EQUAL_SPREAD_RTOL = 1e-6
+
+
+def _flat(std: Tensor, mean: Tensor) -> Tensor:
+    """True where a group's spread is numerically zero (see EQUAL_SPREAD_RTOL)."""
+    return std <= EQUAL_SPREAD_RTOL * (1.0 + mean.abs())
+
 
 # --------------------------------------------------------------------------- GRPO
 def grpo_advantages(
@@ -24,16 +35,19 @@ def grpo_advantages(
     same prompt: ``[g0 x group_size, g1 x group_size, ...]``. Each reward minus
     its group mean, divided by ``group std + eps`` when ``std_normalize``. The
     std is the population std (ddof 0), so a group's advantages have unit
-    variance; a group with equal rewards gets all-zero advantages.
-    Returns ``(N,)`` fp32.
+    variance; a group with equal rewards gets exactly zero advantages (the
+    statistics are taken in float64 and a spread below ``EQUAL_SPREAD_RTOL``
+    counts as none). Returns ``(N,)`` fp32.
     """
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    r = rewards.float().view(-1, group_size)
-    centred = r - r.mean(dim=1, keepdim=True)
+    r = rewards.double().view(-1, group_size)
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, correction=0, keepdim=True)
+    centred = torch.where(_flat(std, mean), 0.0, r - mean)
     if std_normalize:
-        centred = centred / (r.std(dim=1, correction=0, keepdim=True) + eps)
-    return centred.reshape(-1)
+        centred = centred / (std + eps)
+    return centred.reshape(-1).float()
 
 
 class RewardNormalizer:
@@ -120,19 +134,21 @@ def expert_zscore_advantages(adv: Tensor, group_ids: Tensor, eps: float = 1e-6) 
     response_mask, n_experts)``: sequences whose response tokens were routed
     most often to the same expert in that layer form one group, so each
     expert's sequences are compared with each other. std is the population std
-    (ddof 0). A group of size 1, or with equal advantages, gets 0.
+    (ddof 0). A group of size 1, or with equal advantages, gets exactly 0
+    (float64 statistics, spread below ``EQUAL_SPREAD_RTOL`` counts as none).
     Returns ``(N,)`` fp32.
     """
-    a = adv.float()
+    a = adv.double()
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    size = torch.zeros(n_groups, device=a.device).index_add_(0, inverse, torch.ones_like(a))
-    total = torch.zeros(n_groups, device=a.device).index_add_(0, inverse, a)
-    mean = total / size
+    zeros = torch.zeros(n_groups, dtype=a.dtype, device=a.device)
+    size = zeros.index_add(0, inverse, torch.ones_like(a))
+    mean = zeros.index_add(0, inverse, a) / size
     centred = a - mean[inverse]
-    var = torch.zeros(n_groups, device=a.device).index_add_(0, inverse, centred**2) / size
-    z = centred / (var.sqrt()[inverse] + eps)
-    return torch.where(size[inverse] > 1, z, 0.0)
+    std = (zeros.index_add(0, inverse, centred**2) / size).sqrt()
+    z = centred / (std[inverse] + eps)
+    keep = (size[inverse] > 1) & ~_flat(std, mean)[inverse]
+    return torch.where(keep, z, 0.0).float()
 
 
 # --------------------------------------------------------------------------- GAE

@@ -11,10 +11,23 @@ flattened tokens, ``probs/logits (N, E)``, ``indices (N, k)``, ``mask (N,)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor
+
+# All-reduce SUM across ranks (``DistContext.sum``); None = this process only.
+SumRanks = Callable[[Tensor], Tensor]
+
+
+def _rank_share_denominator(local: Tensor, sum_ranks: SumRanks | None, world_size: int) -> Tensor:
+    """What a rank divides its local SUM by so that the ranks' results, summed and
+    divided by ``world_size`` (gradient averaging), give sum / global count:
+    ``global_count / world_size``; the local count itself single-process."""
+    if sum_ranks is None:
+        return local
+    return sum_ranks(local.detach()).to(local.dtype).to(local.device) / world_size
 
 
 def _assignment_counts(
@@ -35,6 +48,8 @@ def switch_aux_loss(
     mask: Tensor | None = None,
     scope: Literal["global", "sequence"] = "global",
     seq_ids: Tensor | None = None,
+    sum_ranks: SumRanks | None = None,
+    world_size: int = 1,
 ) -> Tensor:
     """Switch load-balancing loss ``E * sum_i f_i * P_i`` (alpha applied by the caller).
 
@@ -48,6 +63,12 @@ def switch_aux_loss(
     f and P per sequence (``seq_ids (N,)`` gives each token's sequence, any
     integers), the loss per sequence, then the mean over sequences that have
     masked tokens.
+
+    Over several ranks (``sum_ranks``, ``world_size``): f is the share of ALL
+    ranks' assignments and P_i the sum of this rank's probabilities over the
+    global token count, times ``world_size``, so the ranks' values averaged (as
+    gradients are) equal the loss of the single-process global batch; sequences
+    never span ranks, so the sequence scope only needs the global sequence count.
     """
     probs = probs.float()
     n = probs.shape[0]
@@ -65,28 +86,45 @@ def switch_aux_loss(
         raise ValueError(f"aux-loss scope must be global or sequence, not {scope!r}")
 
     counts = _assignment_counts(indices, weights, rows, n_rows, n_experts)  # (S, E)
-    f = counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
     prob_sum = torch.zeros(n_rows, n_experts, device=probs.device).index_add(
         0, rows, probs * weights[:, None]
     )
     tokens = torch.zeros(n_rows, device=probs.device).index_add(0, rows, weights)
-    p_mean = prob_sum / tokens.clamp_min(1.0)[:, None]
+    if scope == "global" and sum_ranks is not None:
+        counts = sum_ranks(counts).to(torch.float32).to(probs.device)
+        tokens = _rank_share_denominator(tokens, sum_ranks, world_size)
+    f = counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
+    p_mean = prob_sum / tokens.clamp_min(1.0 if sum_ranks is None else 1e-12)[:, None]
     per_row = n_experts * (f * p_mean).sum(dim=1)  # (S,)
     has_tokens = (tokens > 0).float()
-    return (per_row * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+    if scope == "global":
+        return (per_row * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+    n_seq = _rank_share_denominator(has_tokens.sum(), sum_ranks, world_size)
+    return (per_row * has_tokens).sum() / n_seq.clamp_min(1.0 if sum_ranks is None else 1e-12)
 
 
-def router_z_loss(logits: Tensor, mask: Tensor | None = None) -> Tensor:
+def router_z_loss(
+    logits: Tensor,
+    mask: Tensor | None = None,
+    sum_ranks: SumRanks | None = None,
+    world_size: int = 1,
+) -> Tensor:
     """ST-MoE router z-loss: mean over (masked) tokens of ``logsumexp(logits)^2``.
 
     ``logits (N, E)`` fp32 router logits; ``mask (N,)`` or None. Penalises
-    large router logits, which overflow in low precision.
+    large router logits, which overflow in low precision. Over several ranks the
+    mean is over every rank's tokens (see ``switch_aux_loss``).
     """
     z = torch.logsumexp(logits.float(), dim=-1) ** 2
     if mask is None:
-        return z.mean()
+        if sum_ranks is None:
+            return z.mean()
+        mask = torch.ones_like(z)
     m = mask.to(torch.float32).reshape(z.shape)
-    return (torch.where(m != 0, z, 0.0) * m).sum() / m.sum().clamp_min(1.0)
+    n = _rank_share_denominator(m.sum(), sum_ranks, world_size)
+    return (torch.where(m != 0, z, 0.0) * m).sum() / n.clamp_min(
+        1.0 if sum_ranks is None else 1e-12
+    )
 
 
 def aux_free_bias_update(bias: Tensor, load: Tensor, rate: float) -> Tensor:

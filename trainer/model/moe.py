@@ -7,6 +7,12 @@ Routing (Mixtral / Qwen3 style):
     natural = topk(logits + selection_bias)   the router's own choice
     used    = override where replaying, else natural
     gates   = probs[used] / sum(probs[used])  renormalised over the used experts
+              (norm_topk_prob; without it gates = probs[used], Qwen2-MoE / OLMoE)
+
+Mixtral's "top-k of the logits, then softmax over the selected" equals the
+renormalised form: softmax restricted to a subset S is exp(l_i)/sum_S exp(l_j)
+= p_i / sum_S p_j (the full normaliser cancels), and top-k of the logits and
+of the probabilities pick the same set (softmax is monotonic).
 
 Gates are always gathered from the FULL softmax of the training logits, never
 from top-k-zeroed probabilities, so under routing replay (R3, arXiv
@@ -29,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.model.dispatch import experts_swiglu
+from trainer.model.expert_parallel import ExpertShard, ep_experts_swiglu
 from trainer.model.layers import SwiGLU
-from trainer.stabilizers.temperature import NoiseScale, noisy_topk_logits
+from trainer.model.noisy_gating import NoiseScale, noisy_topk_logits
 
 
 @dataclass
@@ -51,12 +58,15 @@ class LayerRouting:
     gates: torch.Tensor
 
 
-def topk_gates(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """Gate weights: probs gathered at ``indices`` and renormalised to sum 1.
+def topk_gates(probs: torch.Tensor, indices: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """Gate weights: probs gathered at ``indices``, renormalised to sum 1 when
+    ``normalize`` (norm_topk_prob), else the raw full-softmax probabilities.
 
     probs: (..., E) full softmax; indices: (..., k). Returns (..., k).
     """
     picked = probs.gather(-1, indices)
+    if not normalize:
+        return picked
     return picked / picked.sum(-1, keepdim=True)
 
 
@@ -80,7 +90,7 @@ class Router(nn.Module):
 
         ``generator`` draws the noise (deterministic runs keep it in the checkpoint).
         The scale is a parameter (``noise.raw``) but, used for selection only, it
-        receives no gradient and stays at ``init_std`` (trainer.stabilizers.temperature).
+        receives no gradient and stays at ``init_std`` (trainer.model.noisy_gating).
         """
         self.noise = NoiseScale(self.n_experts, init_std).to(self.weight.device)
         self.noise_generator = generator
@@ -121,7 +131,11 @@ class ExpertWeights(nn.Module):
 
 
 class MoELayer(nn.Module):
-    """Top-k routed SwiGLU experts plus an optional always-on shared expert."""
+    """Top-k routed SwiGLU experts plus an optional always-on shared expert.
+
+    ``shared_expert_gate`` scales the shared expert per token by
+    sigmoid(x w_g), w_g (1, D) (Qwen2-MoE's ``shared_expert_gate``).
+    """
 
     def __init__(
         self,
@@ -131,14 +145,21 @@ class MoELayer(nn.Module):
         expert_hidden: int,
         shared_expert_hidden: int = 0,
         backend: str = "auto",
+        norm_topk_prob: bool = True,
+        shared_expert_gate: bool = False,
     ):
         super().__init__()
         self.n_experts = n_experts
         self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
         self.backend = backend  # "auto" | "grouped_mm" | "loop" (trainer.model.dispatch)
         self.router = Router(d_model, n_experts, top_k)
         self.experts = ExpertWeights(n_experts, d_model, expert_hidden)
         self.shared = SwiGLU(d_model, shared_expert_hidden) if shared_expert_hidden else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_expert_gate else None
+        # Set by expert_parallel.shard_experts_: this rank holds a slice of the experts
+        # and the forward sends tokens to their experts' rank and back.
+        self.expert_shard: ExpertShard | None = None
 
     def forward(
         self,
@@ -161,11 +182,19 @@ class MoELayer(nn.Module):
                 keep = override_mask.reshape(b * t, 1).to(natural.device)
                 override = torch.where(keep, override, natural)
             used = override
-        gates = topk_gates(probs, used)
+        gates = topk_gates(probs, used, self.norm_topk_prob)
         e = self.experts
-        y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, self.backend)
+        if self.expert_shard is not None:
+            y = ep_experts_swiglu(
+                flat, gates, used, e.w_gate, e.w_up, e.w_down, self.expert_shard, self.backend
+            )
+        else:
+            y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, self.backend)
         if self.shared is not None:
-            y = y + self.shared(flat)
+            shared = self.shared(flat)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            y = y + shared
         routing = None
         if return_routing:
             routing = LayerRouting(

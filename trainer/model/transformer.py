@@ -6,7 +6,8 @@
     values = value_head(norm(x))      PPO critic, (B, T), optional
 
 Batch layout and positions: docs/trainer-internals.md (left padding; position
-ids from the attention mask).
+ids from the attention mask). The Hugging Face families this layout expresses
+(GQA, q/k norm, biases, shared-expert gate, dense blocks): docs/models.md.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
 from trainer.model.layers import (
@@ -40,18 +42,28 @@ class ModelOutput:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads)
+        self.attn = CausalSelfAttention(
+            cfg.d_model,
+            cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            qk_norm=cfg.qk_norm,
+            bias=cfg.attention_bias,
+            norm_eps=cfg.norm_eps,
+        )
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if cfg.is_moe:
+        if cfg.is_moe_block(index):
             self.ffn: nn.Module = MoELayer(
                 cfg.d_model,
                 cfg.n_experts,
                 cfg.top_k,
                 cfg.expert_hidden,
                 cfg.shared_expert_hidden,
+                norm_topk_prob=cfg.norm_topk_prob,
+                shared_expert_gate=cfg.shared_expert_gate,
             )
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.resolved_dense_hidden)
@@ -81,13 +93,15 @@ class TransformerLM(nn.Module):
         self.pos_emb = (
             nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.positional == "learned" else None
         )
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.value_head = nn.Linear(cfg.d_model, 1) if value_head else None
         if cfg.positional == "rope":
             self.register_buffer(
-                "rope_inv_freq", rotary_inv_freq(cfg.d_model // cfg.n_heads), persistent=False
+                "rope_inv_freq",
+                rotary_inv_freq(cfg.resolved_head_dim, cfg.rope_theta),
+                persistent=False,
             )
         self._init_weights()
         if cfg.tie_embeddings:
@@ -113,6 +127,16 @@ class TransformerLM(nn.Module):
         """Noisy top-k selection in every router (training mode only; ``Router.enable_noise``)."""
         for layer in self.moe_layers:
             layer.router.enable_noise(init_std, generator)
+
+    def _checkpoint_blocks(self, kv_cache: KVCache | None) -> bool:
+        """Recompute blocks in backward (``model.activation_checkpointing``) when
+        training with gradients; never for cached (inference) decoding."""
+        return (
+            self.cfg.activation_checkpointing
+            and kv_cache is None
+            and self.training
+            and torch.is_grad_enabled()
+        )
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -159,7 +183,11 @@ class TransformerLM(nn.Module):
                     override = routing_override[moe_i]
                     mask_i = override_mask[moe_i] if override_mask is not None else None
                 moe_i += 1
-            x, routing = block(x, mask4d, rope, kv_cache, i, override, mask_i, return_routing)
+            args = (x, mask4d, rope, kv_cache, i, override, mask_i, return_routing)
+            if self._checkpoint_blocks(kv_cache):
+                x, routing = _checkpointed_block(block, *args)
+            else:
+                x, routing = block(*args)
             if routing is not None:
                 routings.append(routing)
 
@@ -169,3 +197,34 @@ class TransformerLM(nn.Module):
         return ModelOutput(
             logits=logits, values=values, routing=routings if return_routing else None
         )
+
+
+def _checkpointed_block(block: Block, *args):
+    """``block(*args)`` under activation checkpointing (torch non-reentrant).
+
+    The recompute in backward must draw the same router noise as the forward
+    did: torch restores the global RNG but not a router's own noise
+    generator, so its state is replayed here, then put back so the recompute
+    does not disturb the draws of later steps.
+    """
+    router = block.ffn.router if block.is_moe else None
+    generator = None if router is None or router.noise is None else router.noise_generator
+    if generator is None:
+        return checkpoint(block, *args, use_reentrant=False)
+    start = generator.get_state()
+    calls = 0
+
+    def run(*inner):
+        nonlocal calls
+        recompute = calls > 0
+        calls += 1
+        if not recompute:
+            return block(*inner)
+        after = generator.get_state()
+        generator.set_state(start)
+        try:
+            return block(*inner)
+        finally:
+            generator.set_state(after)
+
+    return checkpoint(run, *args, use_reentrant=False)

@@ -24,10 +24,12 @@ import torch.nn.functional as F
 
 from trainer.config import ModelConfig
 from trainer.model.dispatch import Dispatch, expert_matmul, resolve_backend
+from trainer.model.expert_parallel import all_finished, run_on_owners
 from trainer.model.layers import (
     apply_rotary,
     attention_bias_mask,
     positions_from_mask,
+    repeat_kv,
     rms_norm,
     rotary_cos_sin,
     rotary_inv_freq,
@@ -58,19 +60,21 @@ class RolloutBatch:
     def routing_mask(self) -> torch.Tensor | None:
         return None if self.routing is None else self.routing.routing_mask
 
-    @property
-    def response_lengths(self) -> torch.Tensor:
-        return self.response_mask.sum(-1)
-
 
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # (3D, D)
-    wo: torch.Tensor  # (D, D)
+    wqkv: torch.Tensor  # ((H + 2 Hkv) hd, D): queries, keys, values
+    wo: torch.Tensor  # (D, H hd)
     ffn_norm: torch.Tensor
+    # Hugging Face attention features (docs/models.md); None when absent
+    qkv_bias: torch.Tensor | None = None  # ((H + 2 Hkv) hd,)
+    wo_bias: torch.Tensor | None = None  # (D,)
+    q_norm: torch.Tensor | None = None  # (hd,) or (H hd,) per cfg.qk_norm
+    k_norm: torch.Tensor | None = None  # (hd,) or (Hkv hd,)
     # dense FFN
-    w_gate_up: torch.Tensor | None = None  # (2H, D)
+    w_gate: torch.Tensor | None = None  # (H, D)
+    w_up: torch.Tensor | None = None  # (H, D)
     w_down: torch.Tensor | None = None  # (D, H)
     # MoE
     router: torch.Tensor | None = None  # (E, D)
@@ -78,8 +82,10 @@ class _Layer:
     router_temperature: float = 1.0
     experts_gate_up: torch.Tensor | None = None  # (E, D, 2H) fused for one grouped matmul
     experts_down: torch.Tensor | None = None  # (E, H, D)
-    shared_gate_up: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
+    shared_up: torch.Tensor | None = None
     shared_down: torch.Tensor | None = None
+    shared_expert_gate: torch.Tensor | None = None  # (1, D): sigmoid gate of the shared expert
     # Precomputed at load so the per-token router skips exact no-ops
     # (x / 1.0 and x + 0.0 change no value and no top-k order).
     has_temperature: bool = False
@@ -105,13 +111,23 @@ class RolloutEngine:
         self.device = self.num.device
         self.moe_backend = moe_backend
         self.n_heads = cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
-        self.inv_freq = rotary_inv_freq(self.head_dim).to(self.device)
+        self.n_kv_heads = cfg.resolved_n_kv_heads
+        self.head_dim = cfg.resolved_head_dim
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.qkv_split = (self.n_heads * self.head_dim, kv_dim, kv_dim)
+        # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
+        # needs as many key as query heads and no per-tensor q/k norm.
+        self.joint_qk = self.n_kv_heads == self.n_heads and cfg.qk_norm == "none"
+        self.inv_freq = rotary_inv_freq(self.head_dim, cfg.rope_theta).to(self.device)
         self.layers: list[_Layer] = []
         self.loaded = False
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope: torch.Tensor | None = None
         self._slots: torch.Tensor | None = None
+        # Expert parallelism (trainer.model.expert_parallel): this rank holds the
+        # experts of ``expert_shard`` only; load_weights then takes those slices and
+        # every MoE layer sends its rows to their experts' rank and back.
+        self.expert_shard = None
 
     @property
     def precision(self) -> str:
@@ -119,29 +135,30 @@ class RolloutEngine:
 
     @property
     def n_moe_layers(self) -> int:
-        return self.cfg.n_layers if self.cfg.is_moe else 0
+        return self.cfg.n_moe_blocks
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the training model's ``state_dict()``: round once to this
         engine's precision and re-lay out (fuse the experts' gate|up)."""
-        w = self.num.weight
+        w, g = self.num.weight, self.num.gemm_weight  # g: projection GEMMs (e4m3 under fp8)
         sd = state_dict
         self.tok_emb = w(sd["tok_emb.weight"])
         self.pos_emb = w(sd["pos_emb.weight"]) if self.cfg.positional == "learned" else None
         self.norm_f = w(sd["norm_f.weight"])
         head = sd["tok_emb.weight"] if self.cfg.tie_embeddings else sd["lm_head.weight"]
         self.lm_head = w(head)
-        self.layers = []
+        previous, self.layers = self.layers, []
         for i in range(self.cfg.n_layers):
             p = f"blocks.{i}."
             layer = _Layer(
                 attn_norm=w(sd[p + "attn_norm.weight"]),
-                wqkv=w(sd[p + "attn.qkv.weight"]),
-                wo=w(sd[p + "attn.proj.weight"]),
+                wqkv=g(sd[p + "attn.qkv.weight"]),
+                wo=g(sd[p + "attn.proj.weight"]),
                 ffn_norm=w(sd[p + "ffn_norm.weight"]),
             )
+            self._load_attention_extras(layer, sd, p)
             if p + "ffn.router.weight" in sd:
                 layer.router = w(sd[p + "ffn.router.weight"])
                 layer.selection_bias = sd[p + "ffn.router.selection_bias"].to(
@@ -150,23 +167,63 @@ class RolloutEngine:
                 layer.router_temperature = float(sd[p + "ffn.router.temperature"])
                 layer.has_temperature = layer.router_temperature != 1.0
                 layer.has_selection_bias = bool(layer.selection_bias.any())
-                layer.experts_gate_up = w(
-                    torch.cat((sd[p + "ffn.experts.w_gate"], sd[p + "ffn.experts.w_up"]), dim=2)
-                )
-                layer.experts_down = w(sd[p + "ffn.experts.w_down"])
-                if p + "ffn.shared.w_gate_up.weight" in sd:
-                    layer.shared_gate_up = w(sd[p + "ffn.shared.w_gate_up.weight"])
-                    layer.shared_down = w(sd[p + "ffn.shared.w_down.weight"])
+                gate, up = sd[p + "ffn.experts.w_gate"], sd[p + "ffn.experts.w_up"]
+                if self.num.fp8:
+                    # One fp8 scale per expert for gate and for up (two checkpoint tensors),
+                    # then fused.
+                    layer.experts_gate_up = torch.cat((g(gate), g(up)), dim=2)
+                else:
+                    layer.experts_gate_up = self._fused_gate_up(
+                        previous[i].experts_gate_up if i < len(previous) else None, gate, up
+                    )
+                layer.experts_down = g(sd[p + "ffn.experts.w_down"])
+                if p + "ffn.shared.w_gate.weight" in sd:
+                    layer.shared_gate = g(sd[p + "ffn.shared.w_gate.weight"])
+                    layer.shared_up = g(sd[p + "ffn.shared.w_up.weight"])
+                    layer.shared_down = g(sd[p + "ffn.shared.w_down.weight"])
+                if p + "ffn.shared_gate.weight" in sd:
+                    layer.shared_expert_gate = w(sd[p + "ffn.shared_gate.weight"])
             else:
-                layer.w_gate_up = w(sd[p + "ffn.w_gate_up.weight"])
-                layer.w_down = w(sd[p + "ffn.w_down.weight"])
+                layer.w_gate = g(sd[p + "ffn.w_gate.weight"])
+                layer.w_up = g(sd[p + "ffn.w_up.weight"])
+                layer.w_down = g(sd[p + "ffn.w_down.weight"])
             self.layers.append(layer)
         self.loaded = True
 
+    def _fused_gate_up(
+        self, buffer: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts' gate|up weights fused on the last dim, ``(E, D, 2H)``, in the
+        engine's storage. The previous sync's buffer is refilled in place when it
+        fits: no new (E, D, 2H) allocation and no fp32 temporary per step, only
+        the copy (and rounding) the precision needs. The bits equal
+        ``weight(cat(gate, up))``: emulated half rounds through a half-size
+        temporary exactly as ``Numerics.round`` does."""
+        e, d, h = gate.shape
+        num = self.num
+        if buffer is None or buffer.shape != (e, d, 2 * h) or buffer.dtype != num.dtype:
+            buffer = torch.empty(e, d, 2 * h, dtype=num.dtype, device=self.device)
+        for half, src in ((buffer[..., :h], gate), (buffer[..., h:], up)):
+            src = src.detach()
+            half.copy_(src.to(num.half) if num.emulated else src)
+        return buffer
+
+    def _load_attention_extras(self, layer: _Layer, sd: dict[str, torch.Tensor], p: str) -> None:
+        """Biases and q/k norms of the Hugging Face families (absent in the builtin model)."""
+        w = self.num.weight
+        get = sd.get
+        if get(p + "attn.qkv.bias") is not None:
+            layer.qkv_bias = w(sd[p + "attn.qkv.bias"])
+        if get(p + "attn.proj.bias") is not None:
+            layer.wo_bias = w(sd[p + "attn.proj.bias"])
+        if get(p + "attn.q_norm.weight") is not None:
+            layer.q_norm = w(sd[p + "attn.q_norm.weight"])
+            layer.k_norm = w(sd[p + "attn.k_norm.weight"])
+
     # ------------------------------------------------------------------ forward
     def _static_cache(self, batch: int, length: int):
-        """Preallocated (L, B, H, S, hd) key and value buffers, reused across calls."""
-        shape = (self.cfg.n_layers, batch, self.n_heads, length, self.head_dim)
+        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls."""
+        shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
         if (
             self._cache is None
             or self._cache[0].shape[:2] != shape[:2]
@@ -202,8 +259,32 @@ class RolloutEngine:
             return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.norm_eps)
         return rms_norm(x, weight, self.cfg.norm_eps)
 
-    def _swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor):
-        gate, up = self.num.linear(x, w_gate_up).chunk(2, dim=-1)
+    def _linear_bias(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):
+        """x @ w.T (+ bias), each result stored at the engine's precision."""
+        y = self.num.linear(x, w)
+        return y if bias is None else self.num.round_(y + bias)
+
+    def _qkv(self, h: torch.Tensor, layer: _Layer, b: int, t: int):
+        """Stored activations h (B, T, D) -> q (B, T, H, hd), k, v (B, T, Hkv, hd),
+        q and k normed when the layer has q/k norm (before rotary, as in HF)."""
+        q, k, v = self._linear_bias(h, layer.wqkv, layer.qkv_bias).split(self.qkv_split, dim=-1)
+        full = self.cfg.qk_norm == "full"
+        if full:
+            q = self.num.round_(self._norm(q, layer.q_norm))
+            k = self.num.round_(self._norm(k, layer.k_norm))
+        q = q.reshape(b, t, self.n_heads, self.head_dim)
+        k = k.reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = v.reshape(b, t, self.n_kv_heads, self.head_dim)
+        if layer.q_norm is not None and not full:
+            q = self.num.round_(self._norm(q, layer.q_norm))
+            k = self.num.round_(self._norm(k, layer.k_norm))
+        return q, k, v
+
+    def _swiglu(
+        self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+    ) -> torch.Tensor:
+        """Dense SwiGLU as the trainer's (three plain linears, the faster layout)."""
+        gate, up = self.num.linear(x, w_gate), self.num.linear(x, w_up)
         return self.num.linear(self.num.round_(F.silu(gate).mul_(up)), w_down)
 
     def _dispatch(self, top: torch.Tensor, n_experts: int) -> Dispatch:
@@ -230,23 +311,32 @@ class RolloutEngine:
         num = self.num
         # Router input is the stored (half) activation; logits come out of a
         # half GEMM, then temperature and softmax in fp32.
-        logits = num.linear(x, layer.router).float()
+        logits = num.linear(x, layer.router, fp8=False).float()
         if layer.has_temperature:
             logits = logits / layer.router_temperature
         probs = logits.softmax(dim=-1)
         scores = logits + layer.selection_bias if layer.has_selection_bias else logits
         top = scores.topk(self.cfg.top_k, dim=-1).indices
         picked = probs.gather(-1, top)
-        gates = picked / picked.sum(-1, keepdim=True)
+        gates = picked / picked.sum(-1, keepdim=True) if self.cfg.norm_topk_prob else picked
 
-        dispatch = self._dispatch(top, layer.experts_gate_up.shape[0])
+        shard = self.expert_shard
+        dispatch = self._dispatch(top, shard.n_experts if shard else layer.experts_gate_up.shape[0])
         backend = resolve_backend(self.moe_backend, x)
-        xs = x.index_select(0, dispatch.token)
-        gate, up = num.round_(expert_matmul(xs, layer.experts_gate_up, dispatch, backend)).chunk(
-            2, dim=-1
+        xs = num.gemm_input(x.index_select(0, dispatch.token))
+
+        def experts(rows: torch.Tensor, groups: Dispatch) -> torch.Tensor:
+            gate, up = num.round_(
+                expert_matmul(rows, layer.experts_gate_up, groups, backend)
+            ).chunk(2, dim=-1)
+            hidden = num.gemm_input(num.round_(F.silu(gate).mul_(up)))
+            return num.round_(expert_matmul(hidden, layer.experts_down, groups, backend))
+
+        ys = (
+            experts(xs, dispatch)
+            if shard is None
+            else run_on_owners(xs, dispatch.counts, shard, experts)
         )
-        hidden = num.round_(F.silu(gate).mul_(up))
-        ys = num.round_(expert_matmul(hidden, layer.experts_down, dispatch, backend))
         n, k = top.shape
         per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
         # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
@@ -257,8 +347,13 @@ class RolloutEngine:
             y = (gates[:, :, None] * per_token).sum(1)
         else:
             y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
-        if layer.shared_gate_up is not None:
-            y = y + self._swiglu(x, layer.shared_gate_up, layer.shared_down)
+        if layer.shared_gate is not None:
+            shared = self._swiglu(x, layer.shared_gate, layer.shared_up, layer.shared_down)
+            if layer.shared_expert_gate is not None:
+                shared = num.round_(
+                    torch.sigmoid(num.linear(x, layer.shared_expert_gate, fp8=False)) * shared
+                )
+            y = y + shared
         return num.round_(y), top
 
     def _forward(
@@ -295,8 +390,7 @@ class RolloutEngine:
         moe_i = 0
         for i, layer in enumerate(self.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
-            qkv = num.linear(h, layer.wqkv).view(b, t, 3, self.n_heads, self.head_dim)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            q, k, v = (z.transpose(1, 2) for z in self._qkv(h, layer, b, t))
             if rope is not None:
                 q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
             if cache is not None:
@@ -304,8 +398,10 @@ class RolloutEngine:
                 cache[0][i, :, :, cache_start:end] = k
                 cache[1][i, :, :, cache_start:end] = v
                 k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+            k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
             y = num.round_(_attention(q, k, v, mask4d))
-            x = num.round_(x + num.linear(y.transpose(1, 2).reshape(b, t, d), layer.wo))
+            y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+            x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
@@ -315,10 +411,10 @@ class RolloutEngine:
                     routing_out[moe_i] = top.view(b, t, -1)
                 moe_i += 1
             else:
-                y = self._swiglu(h, layer.w_gate_up, layer.w_down)
+                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
         h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
-        return num.linear(h, self.lm_head).float()
+        return num.linear(h, self.lm_head, fp8=False).float()
 
     def _decode(
         self,
@@ -339,7 +435,8 @@ class RolloutEngine:
         """
         num = self.num
         b = token.shape[0]
-        d, n_heads, head_dim = self.cfg.d_model, self.n_heads, self.head_dim
+        n_heads, n_kv, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        groups = n_heads // n_kv
         x = self.tok_emb[token]  # (B, D), rows of a stored table
         cos = sin = None
         if self.pos_emb is not None:
@@ -354,20 +451,28 @@ class RolloutEngine:
         moe_i = 0
         for i, layer in enumerate(self.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
-            qkv = num.linear(h, layer.wqkv).view(b, 3, n_heads, head_dim)
-            qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
-            if cos is not None:
-                qf = qk.float()
-                rotated = qf * cos + qf.roll(head_dim // 2, dims=-1) * sin
-                qk = num.round_(rotated.to(qk.dtype))
-            keys[i, :, :, col] = qk[:, 1]
-            values[i, :, :, col] = qkv[:, 2]
+            if self.joint_qk:
+                qkv = self._linear_bias(h, layer.wqkv, layer.qkv_bias).view(b, 3, n_heads, head_dim)
+                qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
+                if cos is not None:
+                    qk = num.round_(_rotate(qk, cos, sin, head_dim))
+                q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+            else:
+                q, k, v = (z[:, 0] for z in self._qkv(h[:, None], layer, b, 1))
+                if cos is not None:
+                    q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], head_dim))
+                    k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], head_dim))
+            keys[i, :, :, col] = k
+            values[i, :, :, col] = v
             # Single-query attention by hand: for one query SDPA's blocked CPU
-            # kernel costs more than these few small ops.
-            scores = (qk[:, 0, :, None] @ keys[i, :, :, :end].transpose(-1, -2)) * scale
+            # kernel costs more than these few small ops. Grouped-query: the g
+            # query heads of key head j are rows of one (g, hd) @ (hd, S) product.
+            q = q.reshape(b, n_kv, groups, head_dim)
+            scores = (q @ keys[i, :, :, :end].transpose(-1, -2)) * scale  # (B, Hkv, g, S)
             weights = (scores.float() + key_bias).softmax(-1)
-            y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, H, 1, hd)
-            x = num.round_(x + num.linear(y.view(b, d), layer.wo))
+            y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, Hkv, g, hd)
+            y = y.view(b, n_heads * head_dim)
+            x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
@@ -376,10 +481,10 @@ class RolloutEngine:
                     routing_out[moe_i] = top
                 moe_i += 1
             else:
-                y = self._swiglu(h, layer.w_gate_up, layer.w_down)
+                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
         h = num.round_(self._norm(x, self.norm_f))
-        return num.linear(h, self.lm_head).float()
+        return num.linear(h, self.lm_head, fp8=False).float()
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -471,19 +576,12 @@ class RolloutEngine:
         generator: torch.Generator | None,
         use_kv_cache: bool,
     ):
-        """The sampling loop of ``generate`` (run under inference mode).
-
-        Returns the (B, P + max_new_tokens) tokens, mask and log-prob buffers,
-        the (L_moe, B, P + max_new_tokens, k) routing buffer (or None) and the
-        number of columns used.
-        """
-        prompt = prompt_tokens.to(self.device)
-        b, p = prompt.shape
+        """The sampling loop of ``generate`` (run under inference mode). Returns the
+        (B, P + max_new_tokens) tokens, mask and log-prob buffers, the (L_moe, B,
+        P + max_new_tokens, k) routing buffer (or None) and the number of columns used."""
+        b, p = prompt_tokens.shape
         total = p + max_new_tokens
-        tokens = torch.full((b, total), pad_id, dtype=torch.long, device=self.device)
-        tokens[:, :p] = prompt
-        mask = torch.zeros((b, total), dtype=torch.bool, device=self.device)
-        mask[:, :p] = prompt_mask.to(self.device).bool()
+        tokens, mask = self._prompt_buffers(prompt_tokens, prompt_mask, total, pad_id)
         prompt_valid = mask[:, :p]
         routing = self._routing_buffer(b, total)
         if use_kv_cache:
@@ -505,11 +603,7 @@ class RolloutEngine:
         next_logits = logits[:, -1]
 
         if use_kv_cache:
-            # Decode state, updated in place: the next position id (real
-            # tokens so far) and the additive attention mask over cache columns.
-            n_real = prompt_valid.sum(-1)
-            key_bias = torch.zeros((b, total), dtype=torch.float32, device=self.device)
-            key_bias[:, :p].masked_fill_(~prompt_valid, float("-inf"))
+            n_real, key_bias = self._decode_state(prompt_valid, total)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         end = p
         for step in range(max_new_tokens):
@@ -528,8 +622,13 @@ class RolloutEngine:
                 mask[:, col] = alive
                 logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
                 finished = finished | (alive & (nxt == eos_id))
-            end = col + 1
-            if step == max_new_tokens - 1 or (alive is not None and bool(finished.all())):
+            # Under expert parallelism a rank that is done decodes pads for its group
+            # but returns none of them; alone, a live row is certain here (no sync).
+            if self.expert_shard is None or alive is None or bool(alive.any()):
+                end = col + 1
+            if step == max_new_tokens - 1 or (
+                alive is not None and all_finished(finished, self.expert_shard)
+            ):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
             if use_kv_cache:
@@ -547,17 +646,52 @@ class RolloutEngine:
                     n_real += alive
                     key_bias[:, col].masked_fill_(~alive, float("-inf"))
             else:
-                step_routing = None if routing is None else self._routing_buffer(b, col + 1)
-                next_logits = self._forward(
-                    tokens[:, : col + 1],
-                    positions_from_mask(mask[:, : col + 1]),
-                    mask[:, : col + 1],
-                    None,
-                    step_routing,
-                )
-                if routing is not None:
-                    routing[:, :, col] = step_routing[:, :, col]
+                next_logits = self._recompute_next(tokens, mask, col, routing)
         return tokens, mask, logprobs, routing, end
+
+    def _decode_state(
+        self, prompt_valid: torch.Tensor, total: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV-cache decode state, updated in place by the loop: (B,) next position ids
+        (real tokens so far) and the (B, total) additive attention mask over cache columns."""
+        b, p = prompt_valid.shape
+        n_real = prompt_valid.sum(-1)
+        key_bias = torch.zeros((b, total), dtype=torch.float32, device=self.device)
+        key_bias[:, :p].masked_fill_(~prompt_valid, float("-inf"))
+        return n_real, key_bias
+
+    def _prompt_buffers(
+        self, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor, total: int, pad_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, total) token and mask buffers with the (B, P) prompt in the first columns."""
+        prompt = prompt_tokens.to(self.device)
+        b, p = prompt.shape
+        tokens = torch.full((b, total), pad_id, dtype=torch.long, device=self.device)
+        tokens[:, :p] = prompt
+        mask = torch.zeros((b, total), dtype=torch.bool, device=self.device)
+        mask[:, :p] = prompt_mask.to(self.device).bool()
+        return tokens, mask
+
+    def _recompute_next(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        col: int,
+        routing: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Without a KV cache: a full forward over columns 0..col, the (B, V) logits of
+        the last one; column ``col``'s routing is copied into ``routing`` (L, B, T, k)."""
+        step_routing = None if routing is None else self._routing_buffer(tokens.shape[0], col + 1)
+        next_logits = self._forward(
+            tokens[:, : col + 1],
+            positions_from_mask(mask[:, : col + 1]),
+            mask[:, : col + 1],
+            None,
+            step_routing,
+        )
+        if routing is not None:
+            routing[:, :, col] = step_routing[:, :, col]
+        return next_logits
 
     # ------------------------------------------------------------------ helpers
     def _check_loaded(self) -> None:
@@ -573,6 +707,12 @@ class RolloutEngine:
             dtype=index_dtype(self.cfg.n_experts),
             device=self.device,
         )
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int):
+    """Rotary on (..., hd) with the sign-folded sin table (``_rope_table``), in fp32."""
+    xf = x.float()
+    return (xf * cos + xf.roll(head_dim // 2, dims=-1) * sin).to(x.dtype)
 
 
 def _attention(q, k, v, mask4d):

@@ -3,13 +3,12 @@
 Routing replay (R3, arXiv 2510.11370) ships each token's top-k expert ids
 from the inference engine to the trainer. Stored per (layer, token) as k
 integers of the smallest integer dtype that holds E (uint8 for E <= 256:
-k bytes per token per layer), or bit-packed at ceil(log2 E) bits per index
-(k * ceil(log2 E) / 8 bytes, e.g. 0.75 B for top-2 of 8 experts).
+k bytes per token per layer). For the trip to the trainer the loop bit-packs
+them at ceil(log2 E) bits per index (``trainer.stabilizers.replay.pack_routing``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +21,6 @@ def index_dtype(n_experts: int) -> torch.dtype:
     if n_experts <= 2**15:
         return torch.int16
     return torch.int32
-
-
-def bits_per_index(n_experts: int) -> int:
-    return max(1, math.ceil(math.log2(n_experts)))
 
 
 @dataclass
@@ -67,47 +62,3 @@ class PackedRouting:
 
     def to(self, device: torch.device | str) -> PackedRouting:
         return PackedRouting(self.indices.to(device), self.n_experts, self.routing_mask.to(device))
-
-    def bitpack(self) -> BitPackedRouting:
-        return BitPackedRouting.pack(self)
-
-
-@dataclass
-class BitPackedRouting:
-    """Indices packed at ``bits`` bits each, little-endian within a byte stream."""
-
-    data: torch.Tensor  # (n_bytes,) uint8
-    shape: tuple[int, int, int, int]  # (L, B, T, k)
-    n_experts: int
-    bits: int
-    routing_mask: torch.Tensor
-
-    @classmethod
-    def pack(cls, routing: PackedRouting) -> BitPackedRouting:
-        bits = bits_per_index(routing.n_experts)
-        values = routing.indices.reshape(-1).long()
-        shifts = torch.arange(bits, device=values.device)
-        stream = ((values[:, None] >> shifts) & 1).reshape(-1)  # LSB first
-        stream = torch.nn.functional.pad(stream, (0, (-stream.numel()) % 8))
-        weights = 1 << torch.arange(8, device=values.device)
-        data = (stream.view(-1, 8) * weights).sum(-1).to(torch.uint8)
-        shape = tuple(routing.indices.shape)
-        return cls(data, shape, routing.n_experts, bits, routing.routing_mask)  # type: ignore[arg-type]
-
-    @property
-    def bytes_per_token_layer(self) -> float:
-        return self.shape[-1] * self.bits / 8
-
-    def to_packed(self) -> PackedRouting:
-        n_values = math.prod(self.shape)
-        bit_stream = (self.data.long()[:, None] >> torch.arange(8, device=self.data.device)) & 1
-        bit_stream = bit_stream.reshape(-1)[: n_values * self.bits].view(n_values, self.bits)
-        values = (bit_stream << torch.arange(self.bits, device=self.data.device)).sum(-1)
-        return PackedRouting(
-            values.view(self.shape).to(index_dtype(self.n_experts)),
-            self.n_experts,
-            self.routing_mask,
-        )
-
-    def unpack(self) -> list[torch.Tensor]:
-        return self.to_packed().unpack()

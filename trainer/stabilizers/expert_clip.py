@@ -1,4 +1,4 @@
-"""Per-expert gradient clipping (config ``per_expert_grad_clip``).
+"""Per-expert gradient clipping (config ``optim.per_expert_grad_clip``).
 
 Stacked expert weights hold the expert on dim 0 (``(E, d_in, d_out)``); each
 expert's gradient is clipped to ``max_norm`` on its own, so one expert with a
@@ -19,17 +19,6 @@ _EPS = 1e-6
 
 def _clip_scale(norms: Tensor, max_norm: float) -> Tensor:
     return (max_norm / (norms + _EPS)).clamp(max=1.0)
-
-
-def clip_per_expert_(grads: Tensor, max_norm: float) -> Tensor:
-    """Clip each expert's slice ``grads[e]`` to L2 norm ``max_norm``, in place.
-
-    ``grads (E, ...)``. Returns the norms BEFORE clipping, fp32 ``(E,)``.
-    """
-    norms = torch.linalg.vector_norm(grads.reshape(grads.shape[0], -1).float(), dim=1)
-    scale = _clip_scale(norms, max_norm)
-    grads.mul_(scale.to(grads.dtype).view(-1, *([1] * (grads.dim() - 1))))
-    return norms
 
 
 def clip_expert_params_(

@@ -1,11 +1,11 @@
-"""The stabilizers of issue 3 inside the RL loop: one ``Stabilizers`` object per run.
+"""The stabilizers inside the RL loop: one ``Stabilizers`` object per run.
 
 Every technique is a config switch (``cfg.stabilizers``); with all of them off the
 object only ships the engine's routing and reports its storage. Per step, in
 loop order (``trainer/runner.py``, ``trainer/update.py``):
 
-    ship_routing          the engine's routing travels bit-packed (replay.pack_routing,
-                          stabilizers.replay_compression) and is unpacked for training
+    ship_routing          (trainer.rollout_data) the engine's routing travels bit-packed
+                          (replay.pack_routing) and is unpacked for training
     begin_step            R3 warm-up: this step's (token, layer) replay mask
     routing_for_measure   what the old-log-prob forward replays (R3 only)
     observe               the measure forward's routing: the step's expert loads and
@@ -30,7 +30,6 @@ run continues bit-for-bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,23 +38,20 @@ from torch import Tensor
 from trainer import metric_keys as K
 from trainer.algorithms.balance import aux_free_bias_update, router_z_loss, switch_aux_loss
 from trainer.config import ExperimentConfig
+from trainer.distributed import SINGLE, DistContext
 from trainer.measure import expert_load
 from trainer.model import LayerRouting, TransformerLM
 from trainer.stabilizers.expert_clip import clip_expert_params_
 from trainer.stabilizers.replay import (
-    Compression,
     RouterAnchor,
-    pack_routing,
     replay_keep_mask,
     replayed_fraction,
-    unpack_routing,
 )
 from trainer.stabilizers.surgery_step import surgery_backward, surgery_metrics
 from trainer.stabilizers.temperature import RouterTemperatureController
 
 if TYPE_CHECKING:
-    from trainer.rollout.routing_pack import PackedRouting
-    from trainer.update import RolloutData
+    from trainer.rollout_data import RolloutData
 
 Replay = tuple[list[Tensor] | None, list[Tensor] | None]
 
@@ -74,29 +70,6 @@ def is_expert_param(name: str) -> bool:
     return ".experts." in name
 
 
-# --------------------------------------------------------------------------- transport
-@dataclass
-class ShippedRouting:
-    """The engine's routing after the trip to the trainer.
-
-    indices: per MoE layer ``(B, T, k)`` int64; mask: ``(B, T)`` True where the
-    engine recorded routing; bytes_per_token_layer: the packed payload's size, the
-    metric ``r3/bytes_per_token_layer``.
-    """
-
-    indices: list[Tensor]
-    mask: Tensor
-    bytes_per_token_layer: float
-
-
-def ship_routing(routing: PackedRouting, compression: Compression = "none") -> ShippedRouting:
-    """Pack the engine's natural top-k (ceil(log2 E) bits per index, then optional
-    RLE/zlib) and unpack it on the trainer's side, as a replay batch would travel."""
-    packed = pack_routing(list(routing.indices.unbind(0)), routing.n_experts, compression)
-    indices = unpack_routing(packed, device=routing.indices.device)
-    return ShippedRouting(indices, routing.routing_mask, packed.bytes_per_token_layer)
-
-
 # --------------------------------------------------------------------------- the run's stabilizers
 class Stabilizers:
     """Routing replay, balancing losses and controllers, surgery and clipping of one run.
@@ -106,8 +79,17 @@ class Stabilizers:
     router temperature to ``router_temperature.initial``.
     """
 
-    def __init__(self, cfg: ExperimentConfig, policy: TransformerLM, device: torch.device):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        policy: TransformerLM,
+        device: torch.device,
+        dist: DistContext = SINGLE,
+    ):
         self.cfg = cfg
+        # Loads and balance losses are over every rank's tokens (trainer.distributed).
+        self.dist = dist
+        self._sum_ranks = dist.sum if dist.enabled else None
         self.st = cfg.stabilizers
         self.policy = policy
         self.n_experts = cfg.model.n_experts
@@ -115,13 +97,15 @@ class Stabilizers:
             cfg.run.seed + _REPLAY_SEED_OFFSET
         )
         self.noise_generator: torch.Generator | None = None
-        if self.st.noisy_gating:
+        if self.st.noisy_gating.enabled:
             self.noise_generator = torch.Generator(device=device).manual_seed(
                 cfg.run.seed + _NOISE_SEED_OFFSET
             )
-            policy.enable_noisy_gating(self.st.noisy_gating_init_std, self.noise_generator)
+            policy.enable_noisy_gating(self.st.noisy_gating.init_std, self.noise_generator)
         self.anchor = (
-            RouterAnchor(self.st.router_kl_buffer_steps) if self.st.router_kl_coef > 0 else None
+            RouterAnchor(self.st.balance.router_kl_buffer_steps)
+            if self.st.balance.router_kl_coef > 0
+            else None
         )
         self.temperature = RouterTemperatureController(self.st.router_temperature)
         if cfg.model.is_moe:
@@ -129,7 +113,7 @@ class Stabilizers:
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.surgery_scope = (
             self.params
-            if self.st.surgery_scope == "all"
+            if self.st.surgery.scope == "all"
             else [p for n, p in policy.named_parameters() if p.requires_grad and is_router_param(n)]
         )
         # Per-step observations of the measure forward, consumed by end_step.
@@ -140,8 +124,7 @@ class Stabilizers:
     @property
     def needs_routing(self) -> bool:
         """Whether update forwards must return routing (a balance loss is on)."""
-        st = self.st
-        return st.aux_loss_coef > 0 or st.z_loss_coef > 0 or st.router_kl_coef > 0
+        return self.st.balance.has_routing_loss
 
     # ------------------------------------------------------------------ replay
     def begin_step(self, step: int, data: RolloutData) -> dict[str, float]:
@@ -151,25 +134,28 @@ class Stabilizers:
         so the old log-probs and the updates see the same routing. True = replay
         the engine's experts; pairs the engine never saw are never replayed.
         """
-        if self.st.routing_replay != "r3" or data.rollout_routing is None:
+        if self.st.replay.mode != "r3" or data.rollout_routing is None:
             return {}
         seen = data.routing_mask & data.attention_mask
         keep = replay_keep_mask(
             tuple(seen.shape),
             len(data.rollout_routing),
             step,
-            self.st.replay_warmup_steps,
-            self.st.replay_warmup_keep_frac,
+            self.st.replay.warmup_steps,
+            self.st.replay.warmup_keep_frac,
             self.replay_generator,
             device=seen.device,
         )
         data.replay_mask = [mask & seen for mask in keep]
-        return {K.R3_REPLAYED_FRAC: replayed_fraction(data.replay_mask, seen)}
+        frac = replayed_fraction(data.replay_mask, seen)
+        # Weighted by this rank's (token, layer) pairs: the share over all ranks.
+        weight = float(seen.sum()) * len(keep)
+        return self.dist.weighted_means({K.R3_REPLAYED_FRAC: (frac, weight)})
 
     def routing_for_measure(self, data: RolloutData) -> Replay:
         """R3 replays the engine's routing in the old-log-prob forward too; R2's old
         routing IS that forward's own, so nothing is replayed there."""
-        if self.st.routing_replay == "r3" and data.replay_mask is not None:
+        if self.st.replay.mode == "r3" and data.replay_mask is not None:
             return data.rollout_routing, data.replay_mask
         return None, None
 
@@ -180,7 +166,7 @@ class Stabilizers:
         2507.18071): the old policy's natural routing from the measure forward, which
         fixes drift between minibatches, not the engine gap.
         """
-        mode = self.st.routing_replay
+        mode = self.st.replay.mode
         if mode == "r3" and data.replay_mask is not None:
             return (
                 [idx[rows] for idx in data.rollout_routing],
@@ -194,7 +180,9 @@ class Stabilizers:
     # ------------------------------------------------------------------ observation
     def observe(self, routing: list[LayerRouting], mask: Tensor) -> None:
         """The measure forward's routing (``mask (B, T)``: real tokens) for end_step."""
-        self._loads = [expert_load(r.natural_indices, mask, self.n_experts) for r in routing]
+        self._loads = [
+            expert_load(r.natural_indices, mask, self.n_experts, self._sum_ranks) for r in routing
+        ]
         if self.anchor is not None:
             self._probs = torch.stack([r.probs.reshape(-1, self.n_experts) for r in routing])
             self._probs_mask = mask.reshape(-1)
@@ -213,7 +201,7 @@ class Stabilizers:
         replay) or of the experts actually used. Returns a 0-dim tensor (without a
         graph when no term is on) and the metrics.
         """
-        st = self.st
+        st = self.st.balance
         stats: dict[str, float] = {}
         zero = torch.zeros((), device=mask.device)
         if not self.needs_routing or not routing:
@@ -236,15 +224,24 @@ class Stabilizers:
                         flat_mask,
                         scope=st.aux_loss_scope,
                         seq_ids=seq_ids,
+                        sum_ranks=self._sum_ranks,
+                        world_size=self.dist.world_size,
                     )
                 )
             aux = torch.stack(per_layer).mean()
-            stats[K.LB_AUX_LOSS] = aux.item()
+            stats[K.LB_AUX_LOSS] = self._rank_mean(aux)
             terms.append(st.aux_loss_coef * aux)
         if st.z_loss_coef > 0:
-            z = torch.stack([router_z_loss(r.logits.reshape(-1, e), flat_mask) for r in routing])
+            z = torch.stack(
+                [
+                    router_z_loss(
+                        r.logits.reshape(-1, e), flat_mask, self._sum_ranks, self.dist.world_size
+                    )
+                    for r in routing
+                ]
+            )
             z = z.mean()
-            stats[K.LB_Z_LOSS] = z.item()
+            stats[K.LB_Z_LOSS] = self._rank_mean(z)
             terms.append(st.z_loss_coef * z)
         if self.anchor is not None:
             kl = self.anchor.loss(torch.stack(probs), flat_mask)
@@ -252,27 +249,33 @@ class Stabilizers:
             terms.append(st.router_kl_coef * kl)
         return torch.stack(terms).sum(), stats
 
+    def _rank_mean(self, share: Tensor) -> float:
+        """The global value of a loss whose ranks' shares average to it (their sum / W)."""
+        if not self.dist.enabled:
+            return share.item()
+        return float(self.dist.sum(share.reshape(1))[0]) / self.dist.world_size
+
     # ------------------------------------------------------------------ gradients
     def backward(self, policy_loss: Tensor, routing_loss: Tensor) -> dict[str, float]:
         """Gradients of ``policy_loss + routing_loss`` into ``.grad``.
 
         ``policy_loss`` is everything but the routing terms (policy, KL to the
-        reference, entropy, value). With ``gradient_surgery`` the routing-loss
+        reference, entropy, value). With ``surgery.enabled`` the routing-loss
         gradient is projected off the policy gradient on the scope when they
         conflict (PCGrad); returns ``grads/cos_policy_aux`` and ``grads/surgery_frac``
         of this minibatch (means over minibatches are the step's).
         """
-        if not self.st.gradient_surgery:
+        if not self.st.surgery.enabled:
             (policy_loss + routing_loss).backward()
             return {}
         stats = surgery_backward(self.params, policy_loss, routing_loss, self.surgery_scope)
         return surgery_metrics([stats])
 
     def clip_experts(self) -> None:
-        """Per-expert gradient clipping (``per_expert_grad_clip`` > 0), in place."""
-        if self.st.per_expert_grad_clip > 0:
+        """Per-expert gradient clipping (``optim.per_expert_grad_clip`` > 0), in place."""
+        if self.cfg.optim.per_expert_grad_clip > 0:
             clip_expert_params_(
-                self.policy.named_parameters(), self.st.per_expert_grad_clip, is_expert_param
+                self.policy.named_parameters(), self.cfg.optim.per_expert_grad_clip, is_expert_param
             )
 
     # ------------------------------------------------------------------ controllers
@@ -292,10 +295,10 @@ class Stabilizers:
         loads, self._loads = self._loads, None
         if loads is None:
             return
-        if self.st.aux_free_bias:
+        if self.st.balance.aux_free_bias:
             for layer, load in zip(self.policy.moe_layers, loads, strict=True):
                 bias = layer.router.selection_bias
-                bias.copy_(aux_free_bias_update(bias, load, self.st.aux_free_bias_rate))
+                bias.copy_(aux_free_bias_update(bias, load, self.st.balance.aux_free_bias_rate))
         if self.anchor is not None and self._probs is not None:
             self.anchor.add(step, self._probs, self._probs_mask)
             self._probs = self._probs_mask = None

@@ -1,4 +1,4 @@
-"""Gradient surgery in one training step (config ``gradient_surgery``, ``surgery_scope``).
+"""Gradient surgery in one training step (config ``stabilizers.surgery.enabled``, ``.scope``).
 
 Replaces ``(policy_loss + routing_loss).backward()``: the two gradients are taken
 separately, the routing-loss gradient g_r (aux + z + router KL, coefficients already

@@ -45,7 +45,7 @@ import random
 import re
 from collections.abc import Iterator
 
-from trainer.config import TaskConfig
+from trainer.config import ArithmeticTaskConfig
 from trainer.tasks.base import Problem, Task, final_segment
 from trainer.tasks.tokenizer import CharTokenizer
 
@@ -108,7 +108,7 @@ def digit_range(digits: int) -> range:
 class ArithmeticTask(Task):
     """``a op b`` with op in cfg.operations; see the module docstring for formats."""
 
-    def __init__(self, cfg: TaskConfig, tokenizer: CharTokenizer | None = None) -> None:
+    def __init__(self, cfg: ArithmeticTaskConfig, tokenizer: CharTokenizer | None = None) -> None:
         super().__init__(cfg, tokenizer)
         self.operations = list(dict.fromkeys(cfg.operations))  # drop repeats, keep order
         self.digit_counts = list(range(cfg.min_digits, cfg.max_digits + 1))

@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from trainer.config import TaskConfig
+from trainer.config import ExperimentConfig, TaskBase
 from trainer.tasks.holdout import ENUMERATE_LIMIT, HeldOutSplit
 from trainer.tasks.tokenizer import CharTokenizer
 
@@ -62,7 +62,7 @@ class Task(ABC):
     ``("add", 37, 58)``) and implements the abstract methods below.
     """
 
-    def __init__(self, cfg: TaskConfig, tokenizer: CharTokenizer | None = None) -> None:
+    def __init__(self, cfg: TaskBase, tokenizer: CharTokenizer | None = None) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer or CharTokenizer()
 
@@ -172,7 +172,16 @@ class Task(ABC):
             return 0.0
         return 1.0 if parsed == problem.answer else float(self.cfg.format_reward)
 
+    # ----------------------------------------------------------- reporting
+    def data_report(self) -> dict:
+        """What the task read (file tasks: rows and skipped rows); empty for generated tasks."""
+        return {}
+
     # ----------------------------------------------------------- lengths
+    def lengths_known(self, cfg: ExperimentConfig) -> bool:
+        """Whether ``max_prompt_len`` / ``max_target_len`` are final for ``cfg``'s model."""
+        return True
+
     @cached_property
     def _longest(self) -> tuple[int, int]:
         problems = [self.build(s) for s in self.longest_specs()]

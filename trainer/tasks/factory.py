@@ -6,8 +6,9 @@ from trainer.config import ExperimentConfig, TaskConfig
 from trainer.tasks.arithmetic import ArithmeticTask
 from trainer.tasks.base import Task
 from trainer.tasks.sort import SortTask
+from trainer.tasks.text import TextTask
 
-TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, "sort": SortTask}
+TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, "sort": SortTask, "text": TextTask}
 
 
 def make_task(cfg: TaskConfig) -> Task:
@@ -25,10 +26,13 @@ def check_lengths(cfg: ExperimentConfig, task: Task | None = None) -> list[tuple
     * A fixed ``model.vocab_size`` must cover the tokenizer.
 
     Empty list = the config is consistent. The CLI reports these like
-    validation errors (exit code 2).
+    validation errors (exit code 2). A text task on an imported model is
+    measured in the checkpoint's tokens, once its tokenizer is installed.
     """
     task = task or make_task(cfg.task)
     errors: list[tuple[str, str]] = []
+    if not task.lengths_known(cfg):
+        return errors
     new_tokens = cfg.rollout.max_new_tokens
     if new_tokens < task.max_target_len:
         errors.append(

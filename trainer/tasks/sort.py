@@ -4,8 +4,8 @@ Arithmetic answers are computed column by column; here the response copies
 every prompt number once, in a new order, so the policy must attend across the
 whole prompt for every token.
 
-Each problem picks a length uniformly from ``sort_min_len..sort_max_len`` and
-each number uniformly from ``0..sort_max_value`` (repeats allowed: they stay
+Each problem picks a length uniformly from ``min_len..max_len`` and
+each number uniformly from ``0..max_value`` (repeats allowed: they stay
 repeated in the answer).
 
 Prompt ``"sort:{n_1},...,{n_L}="`` and response (= answer) the numbers in
@@ -25,7 +25,7 @@ import random
 import re
 from collections.abc import Iterator
 
-from trainer.config import TaskConfig
+from trainer.config import SortTaskConfig
 from trainer.tasks.base import Problem, Task, final_segment
 from trainer.tasks.tokenizer import CharTokenizer
 
@@ -38,10 +38,10 @@ _NUMBER_LIST = re.compile(r"[0-9]+(,[0-9]+)*")
 class SortTask(Task):
     """Sort a list of non-negative integers ascending; see the module docstring."""
 
-    def __init__(self, cfg: TaskConfig, tokenizer: CharTokenizer | None = None) -> None:
+    def __init__(self, cfg: SortTaskConfig, tokenizer: CharTokenizer | None = None) -> None:
         super().__init__(cfg, tokenizer)
-        self.lengths = range(cfg.sort_min_len, cfg.sort_max_len + 1)
-        self.values = range(cfg.sort_max_value + 1)
+        self.lengths = range(cfg.min_len, cfg.max_len + 1)
+        self.values = range(cfg.max_value + 1)
 
     def space_size(self) -> int:
         return sum(len(self.values) ** n for n in self.lengths)

@@ -13,7 +13,7 @@
  * at full resolution when it fits in max_points; autoscale (double-click)
  * goes back to the whole, downsampled run.
  *
- * Usage: <div data-live-chart data-url="/runs/7/charts/kl.json"
+ * Usage: <div data-live-chart data-url="/dashboard/runs/7/chart?key=mismatch/kl_k3"
  *             data-interval-ms="5000" data-max-points="500"></div>
  * and this script: every such element is attached on DOMContentLoaded, or
  * call DashboardLive.attach(element, url, options) yourself.
@@ -129,6 +129,22 @@
   /* Draw a {"figure", "running"} payload (from this chart's URL or its group's). */
   LiveChart.prototype.draw = async function (payload) {
     this.running = Boolean(payload.running);
+    var meta = (payload.figure.layout || {}).meta || {};
+    if (meta.placeholder) {
+      // Nothing to draw yet (or ever): a plain card with the reason, no empty frame.
+      if (this.drawn) root.Plotly.purge(this.element);
+      this.drawn = false;
+      this.bound = false;
+      this.element.classList.add("chart-placeholder");
+      this.element.textContent = meta.placeholder;
+      this.emit("livechart:update", { running: this.running, window: this.window });
+      return;
+    }
+    if (this.element.classList.contains("chart-placeholder")) {
+      this.element.classList.remove("chart-placeholder");
+      this.element.textContent = "";
+    }
+    this.drawn = true;
     this.drawing = true;
     try {
       await root.Plotly.react(

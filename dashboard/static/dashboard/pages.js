@@ -76,6 +76,16 @@
         });
         setText("steps", s.current_step + "/" + s.total_steps);
         if (s.placement) setText("placement", s.placement);
+        // The warm start (before RL step 0) and the cache hit (dashboard/phase.py).
+        setText("phase", s.phase_text || "");
+        // Why a queued run cannot start: no worker serves its queue, or none is big enough.
+        setText("waiting", s.waiting_reason || "");
+        Array.prototype.forEach.call(fields("waiting"), function (el) {
+          el.hidden = !s.waiting_reason;
+        });
+        Array.prototype.forEach.call(fields("phase"), function (el) {
+          el.hidden = !s.phase_text;
+        });
         Array.prototype.forEach.call(fields("progress"), function (el) {
           el.max = s.total_steps;
           el.value = s.current_step;

@@ -1,0 +1,41 @@
+"""Which runs of a stability review count as seeds of their variant.
+
+A cancelled or failed run stopped for a reason that is not the training's
+(someone pressed Cancel, a worker crashed, a config was rejected): by default
+it is not a seed, so it moves neither the seed count nor the ">= N" bound of
+its variant. The review's switch (``?stopped=1``) includes such runs; they
+then enter the Kaplan-Meier curve censored at their last stored step (or at
+their collapse step when they had collapsed before stopping), like any run
+that has not collapsed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lab.runs.models import Run, RunStatus
+
+STOPPED_STATUSES = (RunStatus.CANCELLED, RunStatus.FAILED)
+
+SEED_RULE = (
+    "Cancelled and failed runs are not seeds of their variant: they move neither "
+    "the seed count nor the \u2265 N bound."
+)
+SEED_RULE_WITH_STOPPED = (
+    "Cancelled and failed runs are included as seeds, censored at their last step "
+    "(or at their collapse step if they collapsed before stopping)."
+)
+
+
+def split_seeds(runs: Sequence[Run], *, include_stopped: bool) -> tuple[list[Run], list[Run]]:
+    """(the runs that count as seeds, the stopped runs left out), each in the given order."""
+    if include_stopped:
+        return list(runs), []
+    seeds = [r for r in runs if r.status not in STOPPED_STATUSES]
+    left_out = [r for r in runs if r.status in STOPPED_STATUSES]
+    return seeds, left_out
+
+
+def seed_rule(include_stopped: bool) -> str:
+    """The rule in force, as the page states it."""
+    return SEED_RULE_WITH_STOPPED if include_stopped else SEED_RULE

@@ -1,1 +1,0 @@
-"""REST API (Django REST Framework), DESIGN.md 3.3."""

@@ -1,0 +1,128 @@
+"""What registration checks on disk, through the trainer's own readers (so the
+platform accepts exactly what a run will load). Every failure is a FieldError
+naming the form/API field: ``path``, ``prompt_field``, ``prompt_template`` or
+``answer_field``."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config import ModelConfig, TextTaskConfig
+from trainer.errors import FieldError
+from trainer.hf.families import SHAPE_FIELDS
+from trainer.model.param_count import model_params
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    family: str
+    model_fields: dict[str, Any]
+    total_params: int
+    active_params: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    rows: int
+    problems: int
+    bad_rows: dict[str, int]
+
+
+def _as_field(exc: FieldError, field: str, prefix: str = "") -> FieldError:
+    return FieldError([(field, prefix + message) for _, message in exc.errors])
+
+
+def inspect_checkpoint(path: str) -> CheckpointFacts:
+    """The checkpoint folder ``path`` is absolute and exists, its config.json is a
+    supported family, it has weights, and its tokenizer loads."""
+    # The checkpoint readers import torch: loaded on the first registration, not at startup.
+    from trainer.hf.families import model_fields_from_hf
+    from trainer.hf.loader import read_hf_config
+    from trainer.hf.tokenizer import CheckpointTokenizer
+
+    folder = Path(path)
+    if not folder.is_absolute():
+        raise FieldError([("path", "give the absolute path of the folder on the run volume")])
+    if not folder.is_dir():
+        raise FieldError([("path", f"{folder} is not a folder on this machine")])
+    try:
+        fields = model_fields_from_hf(read_hf_config(folder))
+    except FieldError as exc:
+        raise _as_field(exc, "path") from None
+    if not any(folder.glob("*.safetensors")):
+        raise FieldError([("path", f"{folder} holds no *.safetensors weights")])
+    if not (folder / "tokenizer.json").is_file():
+        raise FieldError([("path", f"{folder} has no tokenizer.json; runs encode with it")])
+    try:
+        tokenizer = CheckpointTokenizer(folder)
+    except FieldError as exc:
+        raise _as_field(exc, "path", "tokenizer: ") from None
+    except Exception as exc:  # the tokenizers library raises its own kinds for a bad file
+        raise FieldError([("path", f"tokenizer.json does not load: {exc}")]) from None
+    shape = {name: fields[name] for name in SHAPE_FIELDS}
+    model = ModelConfig.model_validate(shape | {"source": str(folder)})
+    vocab = model.vocab_size or tokenizer.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise FieldError(
+            [
+                (
+                    "path",
+                    f"tokenizer.json has {tokenizer.vocab_size} tokens but the embedding {vocab}",
+                )
+            ]
+        )
+    return CheckpointFacts(
+        family=model.family,
+        model_fields=shape,
+        total_params=model_params(model, vocab),
+        active_params=model_params(model, vocab, active=True),
+        vocab_size=tokenizer.vocab_size,
+    )
+
+
+def inspect_dataset(
+    path: str, prompt_field: str, answer_field: str, prompt_template: str, verifier: str
+) -> DatasetFacts:
+    """The file exists and parses, its rows have the named fields, and at least two
+    rows are usable problems for ``verifier``."""
+    from trainer.tasks.text_data import build_problems, read_rows, resolve_data_file
+    from trainer.tasks.verifiers import make_verifier
+
+    try:
+        task = TextTaskConfig(
+            data_file=path,
+            prompt_field=prompt_field,
+            answer_field=answer_field,
+            prompt_template=prompt_template or None,
+            verifier=verifier,
+        )
+    except ValueError as exc:
+        raise FieldError([("verifier", str(exc))]) from None
+    rows = read_rows(resolve_data_file(path, "path"), "path")
+    columns = sorted({key for row in rows for key, value in row.items() if value is not None})
+    known = f"the file's fields: {', '.join(columns) or 'none'}"
+    if prompt_template:
+        try:
+            names = {n for _, n, _, _ in string.Formatter().parse(prompt_template) if n}
+        except ValueError as exc:
+            raise FieldError([("prompt_template", f"not a format string: {exc}")]) from None
+        missing = sorted(names - set(columns))
+        if missing:
+            raise FieldError([("prompt_template", f"names {missing} that no row has; {known}")])
+    elif prompt_field not in columns:
+        raise FieldError([("prompt_field", f"no row has a field {prompt_field!r}; {known}")])
+    if answer_field not in columns:
+        raise FieldError([("answer_field", f"no row has a field {answer_field!r}; {known}")])
+    table = build_problems(rows, task, make_verifier(verifier, task.tolerance, task.choice_labels))
+    if len(table.problems) < 2:
+        reasons = ", ".join(f"{n} x {why}" for why, n in table.bad_rows.most_common(3))
+        raise FieldError(
+            [("answer_field", f"{len(table.problems)} usable rows of {table.rows} ({reasons})")]
+        )
+    return DatasetFacts(
+        rows=table.rows, problems=len(table.problems), bad_rows=dict(table.bad_rows)
+    )

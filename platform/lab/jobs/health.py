@@ -1,0 +1,62 @@
+"""Health of the parts a run depends on: database, broker, live workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from lab.jobs.models import Worker
+
+LIVE_WITHIN_S = 30.0
+
+
+def check_db() -> dict[str, Any]:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"ok": True, "vendor": connection.vendor}
+    except Exception as exc:
+        return {"ok": False, "vendor": connection.vendor, "error": str(exc)}
+
+
+def check_broker() -> dict[str, Any]:
+    from lab.site.celery import app
+
+    transport = app.conf.broker_url.split("://", 1)[0]
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+        return {"ok": True, "transport": transport}
+    except Exception as exc:
+        return {"ok": False, "transport": transport, "error": str(exc)}
+
+
+def live_workers() -> list[dict[str, Any]]:
+    return [
+        {
+            "hostname": w.hostname,
+            "queues": w.queues,
+            "gpu_index": w.gpu_index,
+            "gpus": w.gpus,
+            "cpu_slots": w.cpu_slots,
+            "pid": w.pid,
+            "last_seen": w.last_seen.isoformat(),
+            "current_run": w.current_run_id,
+        }
+        for w in Worker.live(LIVE_WITHIN_S)
+    ]
+
+
+def health() -> dict[str, Any]:
+    db = check_db()
+    workers = live_workers() if db["ok"] else []
+    broker = check_broker()
+    queues = sorted({q for w in workers for q in w["queues"]})
+    return {
+        "ok": db["ok"] and broker["ok"],
+        "db": db,
+        "broker": broker,
+        "workers": workers,
+        "queues": queues,
+    }

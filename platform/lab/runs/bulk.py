@@ -1,0 +1,97 @@
+"""Actions on many runs at once, and putting a finished run back in the queue.
+
+Bulk cancel goes through ``lifecycle.cancel_run`` run by run, so each run
+gets exactly the single-run treatment (a queued run is cancelled at once, a
+training run gets the flag its worker polls) and the rights check; runs the
+user may not change are counted, never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from lab.experiments.models import Sweep
+from lab.jobs.dispatch import new_task_id, send_run_on_commit
+from lab.runs import lifecycle
+from lab.runs.models import ACTIVE_STATUSES, Run, RunStatus
+
+REQUEUEABLE_STATUSES = (RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+@dataclass
+class BulkOutcome:
+    """What a bulk action did, for the page's message."""
+
+    done: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # finished already, or not allowed
+
+    def message(self, verb: str) -> str:
+        text = f"{verb} {len(self.done)} run{'s' if len(self.done) != 1 else ''}"
+        if self.skipped:
+            text += f"; {len(self.skipped)} left as they were (finished or not yours)"
+        return text + "."
+
+
+def cancel_runs(run_ids: Iterable[int], *, user) -> BulkOutcome:
+    """Cancel each queued or training run of ``run_ids`` the user may manage."""
+    outcome = BulkOutcome()
+    runs = Run.objects.filter(pk__in=list(run_ids)).order_by("pk")
+    for run in runs:
+        if run.status not in ACTIVE_STATUSES or not run.can_manage(user):
+            outcome.skipped.append(run.pk)
+            continue
+        lifecycle.cancel_run(run, user=user)
+        outcome.done.append(run.pk)
+    return outcome
+
+
+def cancel_sweep(sweep: Sweep, *, user) -> BulkOutcome:
+    """Cancel every run of a sweep that is still queued or training."""
+    return cancel_runs(sweep.runs.values_list("pk", flat=True), user=user)
+
+
+def requeue_run(run: Run, *, user) -> Run:
+    """Put a failed or cancelled run back in its queue; it resumes from its last
+    checkpoint (the worker passes --resume when one exists) and keeps its metrics.
+
+    ``attempts`` keeps counting, so a late write from an earlier attempt stays
+    fenced out; the run gets a fresh allowance of attempts on top of it.
+    """
+    if not run.can_manage(user):
+        raise lifecycle.NotAllowed("only the run's owner or staff can requeue it")
+    with transaction.atomic():
+        task_id = new_task_id()
+        updated = Run.objects.filter(pk=run.pk, status__in=REQUEUEABLE_STATUSES).update(
+            status=RunStatus.QUEUED,
+            cancel_requested=False,
+            finished_at=None,
+            error="",
+            summary=None,
+            phase="",
+            phase_progress=None,
+            task_id=task_id,
+            queued_at=timezone.now(),
+            max_attempts=run.attempts + settings.LAB_MAX_ATTEMPTS,
+        )
+        if not updated:
+            raise lifecycle.InvalidState("only a failed or cancelled run can be requeued")
+        send_run_on_commit(run.pk, run.queue, run.priority, task_id)
+    run.refresh_from_db()
+    return run
+
+
+def requeue_runs(run_ids: Iterable[int], *, user) -> BulkOutcome:
+    """Requeue each failed or cancelled run of ``run_ids`` the user may manage."""
+    outcome = BulkOutcome()
+    for run in Run.objects.filter(pk__in=list(run_ids)).order_by("pk"):
+        try:
+            requeue_run(run, user=user)
+            outcome.done.append(run.pk)
+        except (lifecycle.NotAllowed, lifecycle.InvalidState):
+            outcome.skipped.append(run.pk)
+    return outcome

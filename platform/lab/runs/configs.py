@@ -1,0 +1,66 @@
+"""Resolve a run's config from (config | preset | base) + overrides through the
+ONE schema (trainer.config), so the form, the API and the CLI agree."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from trainer.config import ExperimentConfig, apply_overrides
+from trainer.errors import FieldError
+from trainer.presets import preset_dict
+from trainer.validation import validate_config
+
+Overrides = list[str] | Mapping[str, Any] | None
+
+
+def overrides_as_strings(overrides: Overrides) -> list[str]:
+    """``{"run.steps": 3}`` or ``["run.steps=3"]`` -> ``["run.steps=3"]`` (JSON values)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{path}={json.dumps(value)}" for path, value in overrides.items()]
+    if not all(isinstance(item, str) for item in overrides):
+        raise FieldError([("overrides", "overrides must be 'a.b=value' strings or an object")])
+    return list(overrides)
+
+
+def resolve_config(
+    config: Mapping[str, Any] | None = None,
+    preset: str | None = None,
+    overrides: Overrides = None,
+    base: Mapping[str, Any] | None = None,
+) -> ExperimentConfig:
+    """Validated config from exactly one source plus overrides.
+
+    Precedence of the source: ``config`` > ``preset`` > ``base`` (an experiment's
+    base config) > schema defaults. Raises FieldError whose paths name the
+    field under ``config.`` (``config.run.steps``), or ``preset``.
+    """
+    if config is not None and preset:
+        raise FieldError([("preset", "give either a config or a preset, not both")])
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise FieldError([("", "the config must be a JSON object")])
+        data = dict(config)
+    elif preset:
+        data = preset_dict(preset)
+    else:
+        data = dict(base or {})
+    try:
+        return validate_config(apply_overrides(data, overrides_as_strings(overrides)))
+    except FieldError as exc:
+        # One namespace for every caller: "config.algorithm.clip_eps_low".
+        raise FieldError([(config_path(p), m) for p, m in exc.errors]) from None
+
+
+CONFIG_PREFIX = "config"
+
+
+def config_path(path: str) -> str:
+    return f"{CONFIG_PREFIX}.{path}" if path else CONFIG_PREFIX
+
+
+def strip_config_path(path: str) -> str:
+    return path.removeprefix(CONFIG_PREFIX).removeprefix(".")

@@ -1,0 +1,219 @@
+"""A run's lifecycle writes: create, submit, clone, cancel, delete (views, API and CLI call these).
+
+Each function is one transaction. State changes that race with a worker
+(cancel, claim, finish) are conditional UPDATEs on the status column, so two
+actors can never both win. The worker's side (claim, finish, requeue) is
+jobs/services.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from lab.experiments.models import Experiment, Sweep
+from lab.experiments.rights import NotAllowed, check_can_queue, check_priority_allowed, max_priority
+from lab.experiments.text import clean_text
+from lab.jobs.dispatch import new_task_id, send_run_on_commit
+from lab.runs.configs import Overrides, resolve_config
+from lab.runs.limits import check_new_runs
+from lab.runs.metrics.seal import seal_metrics
+from lab.runs.models import Run, RunStatus
+from trainer.config import ExperimentConfig
+from trainer.errors import FieldError
+
+
+class InvalidState(Exception):
+    """The run's status does not allow this change."""
+
+
+def check_queue(queue: str | None) -> str:
+    """The queue to use (the default when none is given); FieldError for an unknown one."""
+    queue = queue or settings.LAB_DEFAULT_QUEUE
+    if queue not in settings.LAB_QUEUES:
+        known = ", ".join(settings.LAB_QUEUES)
+        raise FieldError([("queue", f"unknown queue '{queue}'; choose one of: {known}")])
+    return queue
+
+
+def check_priority(priority: int | None) -> int:
+    """The priority to use (0 when none is given); FieldError outside 0..9."""
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise FieldError([("priority", "priority must be an integer from 0 to 9")])
+    return priority
+
+
+IDEMPOTENCY_KEY_MAX = 200
+
+
+def check_idempotency_key(key: str | None) -> str:
+    """The key to store ("" for none); FieldError when it cannot be stored."""
+    key = (key or "").strip()
+    if len(key) > IDEMPOTENCY_KEY_MAX:
+        raise FieldError([("Idempotency-Key", f"at most {IDEMPOTENCY_KEY_MAX} characters")])
+    return key
+
+
+def submitted_with_key(owner, key: str) -> Run | None:
+    """The run ``owner`` already submitted with this Idempotency-Key, if any."""
+    if not key:
+        return None
+    return Run.objects.filter(owner=owner, idempotency_key=key).first()
+
+
+def run_dir_for(run: Run) -> Path:
+    """The run folder the trainer writes (RUNS_DIR/run-000042)."""
+    return Path(settings.RUNS_DIR) / f"run-{run.pk:06d}"
+
+
+@transaction.atomic
+def create_run(
+    *,
+    owner,
+    experiment: Experiment,
+    config: ExperimentConfig,
+    queue: str | None = None,
+    priority: int | None = None,
+    variant: str = "",
+    preset: str = "",
+    sweep: Sweep | None = None,
+    idempotency_key: str = "",
+    raise_on_publish_failure: bool = False,
+) -> Run:
+    """Store a queued run and publish its wake-up after commit.
+
+    A broker that refuses the message leaves the run stored and queued; the
+    reconciler publishes it later (docs/platform.md, "The job's life"). With
+    ``raise_on_publish_failure`` the caller also hears of it:
+    ``dispatch.PublishFailed`` after the commit (the API answers 503)."""
+    queue = check_queue(queue)
+    priority = check_priority(priority)
+    data = config.to_dict()
+    run = Run.objects.create(
+        experiment=experiment,
+        sweep=sweep,
+        owner=owner,
+        variant=variant[:200],
+        preset=preset,
+        config=data,
+        seed=data["run"]["seed"],
+        gpus=data["run"]["gpus"],
+        nodes=data["run"]["nodes"],
+        queue=queue,
+        priority=priority,
+        max_attempts=settings.LAB_MAX_ATTEMPTS,
+        total_steps=data["run"]["steps"],
+        task_id=new_task_id(),
+        queued_at=timezone.now(),
+        published_at=timezone.now(),
+        idempotency_key=idempotency_key,
+    )
+    run.run_dir = str(run_dir_for(run))
+    run.save(update_fields=["run_dir"])
+    send_run_on_commit(
+        run.pk, run.queue, run.priority, run.task_id, raise_on_failure=raise_on_publish_failure
+    )
+    return run
+
+
+def submit_run(
+    *,
+    owner,
+    experiment: Experiment,
+    config: Mapping[str, Any] | None = None,
+    preset: str | None = None,
+    overrides: Overrides = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    variant: str = "",
+    idempotency_key: str = "",
+    raise_on_publish_failure: bool = False,
+) -> Run:
+    """Check rights, resolve and validate, check the limits, then create: nothing
+    is stored unless every check passes (NotAllowed, FieldError).
+
+    With an ``idempotency_key`` the owner already used, the run stored then is
+    returned and nothing new is created (also when two retries race)."""
+    check_can_queue(owner, experiment)
+    queue = check_queue(queue)
+    priority = check_priority(priority)
+    check_priority_allowed(owner, priority)
+    variant = clean_text("variant", variant, max_length=200)
+    idempotency_key = check_idempotency_key(idempotency_key)
+    cfg = resolve_config(config, preset, overrides, base=experiment.base_config or None)
+    if (earlier := submitted_with_key(owner, idempotency_key)) is not None:
+        return earlier
+    check_new_runs(owner, [cfg])
+    try:
+        return create_run(
+            owner=owner,
+            experiment=experiment,
+            config=cfg,
+            queue=queue,
+            priority=priority,
+            variant=variant or preset or "",
+            preset=preset or "",
+            idempotency_key=idempotency_key,
+            raise_on_publish_failure=raise_on_publish_failure,
+        )
+    except IntegrityError:
+        earlier = submitted_with_key(owner, idempotency_key)
+        if earlier is None:
+            raise
+        return earlier  # a concurrent retry with the same key created it first
+
+
+@transaction.atomic
+def clone_run(run: Run, *, owner, overrides: Overrides = None, queue: str | None = None) -> Run:
+    """A new queued run with the source's config plus overrides, in the source's
+    experiment (so the cloner must be allowed to queue there). The source's
+    priority is kept up to what the cloner may give."""
+    check_can_queue(owner, run.experiment)
+    cfg = resolve_config(run.config, None, overrides)
+    check_new_runs(owner, [cfg])
+    return create_run(
+        owner=owner,
+        experiment=run.experiment,
+        config=cfg,
+        queue=queue or run.queue,
+        priority=min(run.priority, max_priority(owner)),
+        variant=run.variant,
+        preset=run.preset,
+    )
+
+
+def cancel_run(run: Run, *, user) -> Run:
+    """Cooperative cancel. A queued run is cancelled without starting; a running
+    run gets the flag its worker polls (the worker SIGTERMs the trainer, which
+    checkpoints and exits). A finished run is left as it is."""
+    if not run.can_manage(user):
+        raise NotAllowed("only the run's owner or staff can cancel it")
+    now = timezone.now()
+    with transaction.atomic():
+        cancelled = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+            status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now
+        )
+        if not cancelled:
+            Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(cancel_requested=True)
+    if cancelled:  # a requeued run keeps its earlier attempts' metrics
+        seal_metrics(run.pk)
+    run.refresh_from_db()
+    return run
+
+
+@transaction.atomic
+def delete_run(run: Run, *, user) -> None:
+    """Delete a run that is not training (its metrics and comments go with it)."""
+    if not run.can_manage(user):
+        raise NotAllowed("only the run's owner or staff can delete it")
+    locked = Run.objects.select_for_update().get(pk=run.pk)
+    if locked.status == RunStatus.RUNNING:
+        raise InvalidState("cancel the run and wait for it to stop before deleting it")
+    locked.delete()

@@ -1,0 +1,157 @@
+"""Sweeps: a grid x seeds, or a stability study, queued as one run per combination.
+
+Every combination is validated before anything is stored, so a bad value
+stores nothing; each create is one transaction.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import transaction
+
+from lab.experiments.models import Experiment, Sweep
+from lab.experiments.rights import check_can_queue
+from lab.experiments.text import clean_text
+from lab.runs.configs import resolve_config, strip_config_path
+from lab.runs.lifecycle import check_queue, create_run
+from lab.runs.limits import check_new_runs, check_sweep_size
+from trainer.config import ExperimentConfig
+from trainer.errors import FieldError
+from trainer.study import StudyDefinition, check_overrides
+
+
+def expand_grid(
+    grid: Mapping[str, Sequence[Any]], seeds: Sequence[int]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(variant label, overrides) for every combination of grid values x seeds."""
+    if not isinstance(grid, Mapping):
+        raise FieldError([("grid", "the grid must map field paths to lists of values")])
+    errors = []
+    for path, values in grid.items():
+        if not isinstance(values, list | tuple) or not values:
+            errors.append((f"grid.{path}", "give a non-empty list of values"))
+    if not isinstance(seeds, list | tuple) or not seeds:
+        errors.append(("seeds", "give at least one seed"))
+    elif not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        errors.append(("seeds", "seeds must be non-negative integers"))
+    if errors:
+        raise FieldError(errors)
+    paths = list(grid)
+    # Count before expanding: a grid of many long lists is a huge product.
+    count = len(seeds)
+    for values in grid.values():
+        count *= len(values)
+    check_sweep_size(count)
+    combos = list(itertools.product(*(grid[p] for p in paths)))
+    out = []
+    for combo in combos:
+        label = ", ".join(f"{p.split('.')[-1]}={v}" for p, v in zip(paths, combo, strict=True))
+        for seed in seeds:
+            overrides = dict(zip(paths, combo, strict=True))
+            overrides["run.seed"] = seed
+            out.append((label or "base", overrides))
+    return out
+
+
+def preview_sweep(
+    base_config: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], seeds: Sequence[int]
+) -> list[tuple[str, ExperimentConfig]]:
+    """Validate every run of the sweep; raises FieldError naming grid.<path> on a bad value."""
+    runs = []
+    for label, overrides in expand_grid(grid, seeds):
+        try:
+            cfg = resolve_config(base_config, None, overrides)
+        except FieldError as exc:
+            bad = [
+                (f"grid.{strip_config_path(p)}" if strip_config_path(p) in grid else p, m)
+                for p, m in exc.errors
+            ]
+            raise FieldError(bad) from None
+        runs.append((label, cfg))
+    return runs
+
+
+@transaction.atomic
+def create_sweep(
+    *,
+    owner,
+    experiment: Experiment,
+    base_config: Mapping[str, Any],
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int],
+    queue: str | None = None,
+    name: str = "",
+) -> Sweep:
+    """Validate every combination first; store the sweep and its runs only if all pass."""
+    check_can_queue(owner, experiment)
+    queue = check_queue(queue)
+    name = clean_text("name", name, max_length=200)
+    planned = preview_sweep(base_config, grid, seeds)
+    check_new_runs(owner, [cfg for _, cfg in planned])
+    sweep = Sweep.objects.create(
+        experiment=experiment,
+        owner=owner,
+        name=name,
+        base_config=dict(base_config),
+        grid=dict(grid),
+        seeds=list(seeds),
+        queue=queue,
+    )
+    for label, cfg in planned:
+        create_run(
+            owner=owner, experiment=experiment, config=cfg, queue=queue, variant=label, sweep=sweep
+        )
+    return sweep
+
+
+@transaction.atomic
+def create_study_sweep(
+    *,
+    owner,
+    experiment: Experiment,
+    definition: Mapping[str, Any],
+    queue: str | None = None,
+    overrides: Sequence[str] = (),
+) -> Sweep:
+    """Queue a stability study (trainer/study.py) as a sweep: one run per variant x seed.
+
+    The same definition that ``python -m trainer study`` runs; every config is
+    validated first (errors name ``variants.<name>.<field>``), so a bad study
+    stores nothing.
+    """
+    check_can_queue(owner, experiment)
+    queue = check_queue(queue)
+    study = StudyDefinition.from_dict(dict(definition))
+    check_overrides(study, list(overrides))  # the CLI's rule: never redefine a variant
+    check_sweep_size(len(study.variants) * len(study.seeds), field="variants")
+    # Seed-major, as the CLI runs a study: the first runs to finish already
+    # compare every variant, and a study cut short covers them all evenly.
+    planned = [
+        (variant.name, study.config_for(variant, seed, list(overrides)))
+        for seed in study.seeds
+        for variant in study.variants
+    ]
+    check_new_runs(owner, [cfg for _, cfg in planned])
+    sweep = Sweep.objects.create(
+        experiment=experiment,
+        owner=owner,
+        name=(study.name or "study")[:200],
+        base_config=planned[0][1].to_dict(),
+        grid={},
+        seeds=list(study.seeds),
+        queue=queue,
+        study=dict(definition),
+    )
+    for variant, cfg in planned:
+        create_run(
+            owner=owner,
+            experiment=experiment,
+            config=cfg,
+            queue=queue,
+            variant=variant,
+            sweep=sweep,
+        )
+    return sweep

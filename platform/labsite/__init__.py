@@ -1,5 +1,0 @@
-"""Django project package: settings, URLs, WSGI and the Celery app."""
-
-from labsite.celery import app as celery_app
-
-__all__ = ("celery_app",)

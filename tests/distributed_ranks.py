@@ -1,0 +1,64 @@
+"""Run a function on W gloo ranks on the CPU, as torchrun would start them.
+
+``run_ranks(fn, world, out_dir, *args)`` spawns ``world`` processes; each one sets
+torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+joins the process group through the trainer's own ``init_distributed`` and calls
+``fn(dist, out_dir, *args)``. A rank that raises makes ``run_ranks`` raise.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from trainer.distributed import SINGLE, init_distributed, shutdown_distributed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, strategy: str, ep: int, fn, out_dir, args) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    torch.set_num_threads(1)
+    dist = init_distributed(world, torch.device("cpu"), strategy, 60.0, expert_parallel=ep)
+    try:
+        fn(dist, out_dir, *args)
+    finally:
+        shutdown_distributed(dist)
+
+
+def run_ranks(
+    fn: Callable[..., None],
+    world: int,
+    out_dir: Path,
+    *args,
+    strategy: str = "ddp",
+    expert_parallel: int = 1,
+) -> None:
+    """``fn(dist, out_dir, *args)`` on ``world`` ranks (``world == 1``: in this process)."""
+    if world == 1:
+        fn(SINGLE, out_dir, *args)
+        return
+    mp.spawn(
+        _rank_main,
+        args=(world, free_port(), strategy, expert_parallel, fn, out_dir, args),
+        nprocs=world,
+        join=True,
+    )

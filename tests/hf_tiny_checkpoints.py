@@ -1,0 +1,131 @@
+"""Tiny random Hugging Face checkpoints made offline with transformers' own
+classes (``XForCausalLM(config)`` + ``save_pretrained``), for the import,
+parity and export tests and the import benchmark.
+
+Norm weights and biases are randomised too (transformers initialises them to
+1 and 0), so a mapping that swapped or dropped one would show in the logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+COMMON = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "initializer_range": 0.1,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+
+FAMILY_KWARGS = {
+    "qwen3_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "mlp_only_layers": [1],
+        "norm_topk_prob": True,
+        "head_dim": 24,
+        "rope_theta": 1_000_000.0,
+    },
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "intermediate_size": 96,
+        "norm_topk_prob": False,
+    },
+    "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32},
+    "mixtral": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "rope_theta": 1_000_000.0,
+    },
+    "qwen3": {"intermediate_size": 96, "head_dim": 24},
+    "qwen2": {"intermediate_size": 96},
+    "llama": {"intermediate_size": 96, "num_key_value_heads": 4},
+}
+
+
+def hf_classes(family: str):
+    import transformers as tf
+
+    return {
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+        "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+        "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+    }[family]
+
+
+def make_hf_model(family: str, seed: int = 0, **overrides):
+    """A random transformers model of ``family`` (fp32, eval mode)."""
+    config_cls, model_cls = hf_classes(family)
+    kwargs = {**COMMON, **FAMILY_KWARGS[family], **overrides}
+    config = config_cls(**kwargs)
+    config.pad_token_id = None
+    config.eos_token_id = None
+    config.bos_token_id = None
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                if name.endswith("bias"):
+                    param.normal_(0.0, 0.1)
+                else:
+                    param.uniform_(0.5, 1.5)
+    return model
+
+
+def save_hf_checkpoint(family: str, folder: Path, seed: int = 0, **overrides):
+    """Save a tiny random checkpoint of ``family`` into ``folder``; returns the model."""
+    model = make_hf_model(family, seed, **overrides)
+    model.save_pretrained(folder)
+    return model
+
+
+def save_char_tokenizer(folder: Path, characters: str | None = None) -> None:
+    """A character-level tokenizer.json (+ tokenizer_config.json) covering the
+    lab's task alphabet (or ``characters``), made with the ``tokenizers``
+    library: <pad>, <bos>, <eos>, then one token per character (the
+    checkpoint's vocabulary is larger; the extra ids decode to nothing)."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from trainer.tasks.tokenizer import CHARACTERS
+
+    alphabet = CHARACTERS if characters is None else characters
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2} | {ch: 3 + i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<pad>", "<bos>", "<eos>"])  # matched in text, as real tokenizers do
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<bos>", "eos_token": {"content": "<eos>"}, "pad_token": "<pad>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def word_problem_characters() -> str:
+    """Every character of the shipped word problems, in a fixed order."""
+    import json
+
+    from trainer.tasks.text_data import SHIPPED_DATA
+
+    text = "".join(
+        row["question"] + row["answer"]
+        for row in map(json.loads, (SHIPPED_DATA / "word_problems.jsonl").read_text().splitlines())
+    )
+    return "".join(sorted(set(text)))

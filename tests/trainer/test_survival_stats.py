@@ -1,0 +1,65 @@
+"""Survival statistics against hand-computed values (trainer/survival_stats.py)."""
+
+import math
+
+import pytest
+
+from trainer.survival_stats import (
+    bootstrap_mean_ci,
+    chi2_1_sf,
+    kaplan_meier,
+    log_rank,
+    median_survival,
+    survival_at,
+)
+
+TIMES = [3, 5, 5, 8, 10]
+EVENTS = [True, True, False, True, False]
+
+
+def test_kaplan_meier_with_censoring_by_hand():
+    curve = kaplan_meier(TIMES, EVENTS)
+    assert [(p.time, p.at_risk, p.events) for p in curve] == [(3, 5, 1), (5, 4, 1), (8, 2, 1)]
+    # S: 4/5 = .8; .8 x 3/4 = .6; .6 x 1/2 = .3 (the run censored at 5 leaves the risk set)
+    assert [p.survival for p in curve] == pytest.approx([0.8, 0.6, 0.3])
+    # Greenwood: sums 1/20, + 1/12, + 1/2
+    assert curve[0].se == pytest.approx(0.8 * math.sqrt(0.05))
+    assert curve[1].se == pytest.approx(0.6 * math.sqrt(0.05 + 1 / 12))
+    assert curve[2].se == pytest.approx(0.3 * math.sqrt(0.05 + 1 / 12 + 0.5))
+    assert survival_at(curve, 2) == 1.0 and survival_at(curve, 6) == pytest.approx(0.6)
+
+
+def test_median_and_brookmeyer_crowley_interval_by_hand():
+    ci = median_survival(TIMES, EVENTS)
+    assert ci.median == 8  # first time S <= .5
+    # lower: .8 <= .5 + 1.96 x .1789 = .851 already at t = 3; upper: S never < .5 - 1.96 se
+    assert ci.low == 3 and ci.high is None
+    nobody = median_survival([100, 100], [False, False])
+    assert nobody.median is None and nobody.low is None
+
+
+def test_log_rank_by_hand():
+    # A: collapses at 2 and 4; B: censored at 3, collapses at 5.
+    # t=2: n=4 (2+2), d=1: E_A = .5, V = 1 x .5 x .5 x 3/3 = .25
+    # t=4: n=2 (1+1), d=1: E_A = .5, V = .25;  t=5: n_A = 0, E_A = 0, V = 0
+    # O - E = 2 - 1 = 1, chi2 = 1 / .5 = 2, p = erfc(1) = .1573
+    result = log_rank([2, 4], [True, True], [3, 5], [False, True])
+    assert (result.observed, result.expected, result.variance) == pytest.approx((2, 1, 0.5))
+    assert result.chi2 == pytest.approx(2.0)
+    assert result.p_value == pytest.approx(0.157299, abs=1e-6)
+    assert log_rank([9], [False], [9], [False]).p_value is None
+
+
+def test_chi2_1_survival_function():
+    assert chi2_1_sf(3.841458820694124) == pytest.approx(0.05, abs=1e-9)
+    assert chi2_1_sf(0.0) == 1.0
+
+
+def test_bootstrap_percentile_interval():
+    assert bootstrap_mean_ci([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)
+    # two values: resampled means are 0, .5, 1 with probabilities 1/4, 1/2, 1/4
+    mean, lo, hi = bootstrap_mean_ci([0.0, 1.0])
+    assert (mean, lo, hi) == (0.5, 0.0, 1.0)
+    mean, lo, hi = bootstrap_mean_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    assert mean == 4.5 and 2.5 < lo < 4.5 < hi < 6.5
+    assert bootstrap_mean_ci([float("nan")]) is None

@@ -1,0 +1,93 @@
+"""Warm-start progress: its own phase in RUN_DIR/progress.json (metrics.jsonl
+keeps one object per RL step), log lines with an ETA, the cache hit said."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer import metric_keys as K
+from trainer.config import apply_overrides
+from trainer.presets import preset_dict
+from trainer.run_files import PROGRESS_FILE, read_metrics
+from trainer.runner import train
+from trainer.validation import validate_config
+from trainer.warmstart_progress import WarmStartReporter, eta_seconds, format_eta, read_progress
+
+FAST = [
+    "run.steps=2",
+    "run.eval_every=2",
+    "run.checkpoint_every=2",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "algorithm.minibatches=2",
+    "warm_start.max_steps=40",
+    "warm_start.eval_every=20",
+    "warm_start.eval_size=16",
+    "task.eval_size=16",
+    "run.threads=1",
+]
+
+
+def test_eta_extends_the_accuracy_climb_to_the_target_within_max_steps():
+    # 100 steps in 50 s (0.5 s/step); accuracy 0.02 -> 0.12 (0.001/step); target 0.2:
+    # 80 more steps expected -> 81 with the rounding up -> 40.5 s.
+    eta = eta_seconds(
+        step=100, max_steps=3000, elapsed_s=50, accuracy=0.12, first_accuracy=0.02, target=0.2
+    )
+    assert eta == pytest.approx(40.5)
+    # No climb yet: only the upper bound (max_steps) is known.
+    flat = eta_seconds(
+        step=100, max_steps=300, elapsed_s=50, accuracy=0.02, first_accuracy=0.02, target=0.2
+    )
+    assert flat == pytest.approx(100.0)
+    reached = eta_seconds(
+        step=10, max_steps=300, elapsed_s=5, accuracy=0.3, first_accuracy=0.0, target=0.2
+    )
+    assert reached == 0.0
+    assert (
+        eta_seconds(step=0, max_steps=10, elapsed_s=0, accuracy=0, first_accuracy=0, target=1)
+        is None
+    )
+    assert format_eta(40.5) == "ETA ~40 s" and format_eta(600) == "ETA ~10 min"
+
+
+def test_reporter_writes_the_phase_and_logs_an_eta(tmp_path):
+    now = [0.0]
+    lines: list[str] = []
+    reporter = WarmStartReporter(
+        tmp_path, max_steps=300, target=0.2, log=lines.append, clock=lambda: now[0]
+    )
+    reporter.begin(0.0)
+    assert read_progress(tmp_path)[K.PHASE] == K.PHASE_WARMSTART
+    now[0] = 10.0
+    reporter.check(50, 1.5, 0.1)
+    progress = read_progress(tmp_path)
+    assert progress[K.WARMSTART_STEP] == 50 and progress[K.WARMSTART_ACCURACY] == 0.1
+    assert progress[K.WARMSTART_TARGET] == 0.2 and progress[K.WARMSTART_ETA_S] == pytest.approx(
+        10.2
+    )
+    assert lines[-1] == (
+        "warm start step 50/300: loss 1.500  held-out accuracy 0.100 (target 0.20)  ETA ~10 s"
+    )
+    reporter.finish()
+    assert read_progress(tmp_path)[K.PHASE] == K.PHASE_TRAINING
+    assert not list(tmp_path.glob("*.tmp"))  # rewritten atomically
+
+
+def test_a_run_reports_its_warm_start_then_a_cache_hit(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
+    cfg = validate_config(apply_overrides(preset_dict("moe-grpo"), FAST))
+    train(cfg, tmp_path / "first")
+    first = json.loads((tmp_path / "first" / PROGRESS_FILE).read_text())
+    assert first[K.PHASE] == K.PHASE_TRAINING and first[K.WARMSTART_CACHED] is False
+    assert first[K.WARMSTART_MAX_STEPS] == 40
+    # metrics.jsonl is untouched by the warm start: one object per RL step.
+    assert [r["step"] for r in read_metrics(tmp_path / "first")] == [0, 1]
+    assert not any(k.startswith("warmstart/") for r in read_metrics(tmp_path / "first") for k in r)
+
+    train(cfg, tmp_path / "second")
+    second = json.loads((tmp_path / "second" / PROGRESS_FILE).read_text())
+    assert second[K.WARMSTART_CACHED] is True and second[K.PHASE] == K.PHASE_TRAINING
+    assert "using the cached base policy" in capsys.readouterr().err

@@ -1,0 +1,201 @@
+"""The checkpoint's own tokenizer (``tokenizer.json``, read with the
+``tokenizers`` library), behind the interface the tasks use
+(``trainer.tasks.tokenizer.CharTokenizer``): ``pad_id``, ``bos_id``,
+``eos_id``, ``vocab_size``, ``encode(text, bos, eos)``, ``decode(ids)``.
+
+An imported model only makes sense on its own token ids, so a run whose
+``model.source`` is a checkpoint encodes prompts and decodes responses with
+it (``install_checkpoint_tokenizer``); a checkpoint without tokenizer.json is
+a field error for RL runs.
+
+With ``model.chat_template`` a prompt (``encode(..., bos=True)``, as the
+tasks encode prompts) is first rendered as one user message through the
+checkpoint's chat template with the generation prompt, the way transformers'
+``apply_chat_template(..., add_generation_prompt=True)`` renders it (a
+sandboxed jinja2 environment with trim_blocks and lstrip_blocks); the
+template writes its own BOS, so none is added.
+
+Special tokens come from tokenizer_config.json (``bos_token``, ``eos_token``,
+``pad_token``, as strings or ``{"content": ...}``), then config.json's
+``*_token_id``. No BOS (Qwen has none) means prompts start with their first
+token; no pad token means EOS pads (pads are never attended to).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trainer.config import ExperimentConfig, ModelConfig
+from trainer.errors import FieldError
+from trainer.hf.families import SOURCE
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class CheckpointTokenizer:
+    """A checkpoint's tokenizer.json with the task tokenizer's interface."""
+
+    def __init__(self, folder: Path, chat_template: bool = False):
+        from tokenizers import Tokenizer
+
+        self.folder = folder
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok_cfg = _read_json(folder / "tokenizer_config.json")
+        model_cfg = _read_json(folder / "config.json")
+        self._special_text = {
+            name: _token_text(tok_cfg.get(f"{name}_token")) for name in ("bos", "eos")
+        }
+        self._template = _compile_template(folder, tok_cfg) if chat_template else None
+
+        def special(name: str) -> int | None:
+            text = _token_text(tok_cfg.get(f"{name}_token"))
+            if text is not None:
+                token_id = self._tok.token_to_id(text)
+                if token_id is None:
+                    raise FieldError(
+                        [(SOURCE, f"tokenizer_config.json {name}_token {text!r} is not a token")]
+                    )
+                return token_id
+            value = model_cfg.get(f"{name}_token_id")
+            return value[0] if isinstance(value, list) else value
+
+        eos = special("eos")
+        if eos is None:
+            raise FieldError(
+                [(SOURCE, "the checkpoint names no EOS token (tokenizer_config.json eos_token)")]
+            )
+        self.eos_id: int = eos
+        self.bos_id: int | None = special("bos")
+        pad = special("pad")
+        self.pad_id: int = eos if pad is None else pad
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def render_prompt(self, text: str) -> str:
+        """``text`` as one user message in the chat template, generation prompt added."""
+        return self._template.render(
+            messages=[{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            bos_token=self._special_text["bos"] or "",
+            eos_token=self._special_text["eos"] or "",
+        )
+
+    def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
+        """Token ids of ``text`` (no automatic specials), framed on request; a
+        prompt (``bos``) goes through the chat template when one is used."""
+        if bos and self._template is not None:
+            text = self.render_prompt(text)
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if bos and self._template is None and self.bos_id is not None:
+            ids.insert(0, self.bos_id)
+        if eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` up to the first EOS, without pad/BOS. Ids past the
+        tokenizer's vocabulary (checkpoints pad the embedding) decode to nothing."""
+        kept = []
+        skip = {self.pad_id, self.bos_id}
+        for raw in ids:
+            token = int(raw)
+            if token == self.eos_id:
+                break
+            if token in skip or token >= self.vocab_size:
+                continue
+            kept.append(token)
+        return self._tok.decode(kept, skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"CheckpointTokenizer({self.folder}, vocab_size={self.vocab_size})"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _compile_template(folder: Path, tok_cfg: dict[str, Any]):
+    """The checkpoint's chat template: chat_template.jinja (transformers 5) or
+    tokenizer_config.json's ``chat_template`` (a string, or named templates of
+    which "default" is used), compiled like transformers does."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    source = None
+    if (folder / "chat_template.jinja").exists():
+        source = (folder / "chat_template.jinja").read_text()
+    else:
+        raw = tok_cfg.get("chat_template")
+        if isinstance(raw, list):
+            named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+            raw = named.get("default")
+        source = raw if isinstance(raw, str) else None
+    if source is None:
+        raise FieldError(
+            [("model.chat_template", f"{folder} has no chat template; turn chat_template off")]
+        )
+
+    def raise_exception(message: str):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(source)
+    except TemplateError as exc:
+        raise FieldError(
+            [("model.chat_template", f"the chat template does not parse: {exc}")]
+        ) from None
+
+
+def checkpoint_tokenizer(cfg: ModelConfig) -> CheckpointTokenizer | None:
+    """The tokenizer of ``cfg.source``; None for the builtin model."""
+    if cfg.source == "builtin":
+        return None
+    folder = Path(cfg.source)
+    if not (folder / "tokenizer.json").exists():
+        raise FieldError(
+            [
+                (
+                    SOURCE,
+                    f"{folder} has no tokenizer.json; an RL run on an imported model encodes "
+                    "its prompts with the checkpoint's own tokenizer",
+                )
+            ]
+        )
+    tokenizer = CheckpointTokenizer(folder, chat_template=cfg.chat_template)
+    if cfg.vocab_size is not None and tokenizer.vocab_size > cfg.vocab_size:
+        raise FieldError(
+            [
+                (
+                    SOURCE,
+                    f"tokenizer.json has {tokenizer.vocab_size} tokens but the model's "
+                    f"embedding only {cfg.vocab_size}",
+                )
+            ]
+        )
+    return tokenizer
+
+
+def install_checkpoint_tokenizer(task: Any, cfg: ExperimentConfig) -> None:
+    """Make ``task`` speak the checkpoint's tokens (no-op for the builtin model),
+    then check the lengths again in those tokens (prompt + max_new_tokens must
+    fit max_seq_len; validation counted the lab's characters)."""
+    from trainer.tasks.factory import check_lengths
+
+    tokenizer = checkpoint_tokenizer(cfg.model)
+    if tokenizer is None:
+        return
+    task.tokenizer = tokenizer
+    errors = check_lengths(cfg, task)
+    if errors:
+        raise FieldError(errors)
