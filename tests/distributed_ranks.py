@@ -38,10 +38,12 @@ def _rank_main(rank: int, world: int, port: int, strategy: str, ep: int, fn, out
     )
     torch.set_num_threads(1)
     dist = init_distributed(world, torch.device("cpu"), strategy, 60.0, expert_parallel=ep)
+    finished = False
     try:
         fn(dist, out_dir, *args)
+        finished = True
     finally:
-        shutdown_distributed(dist)
+        shutdown_distributed(dist, in_step=finished)
 
 
 def run_ranks(

@@ -21,7 +21,9 @@ gives sum / n_global, the single-process mean over the global batch.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -248,9 +250,27 @@ def rank_device(device: torch.device, ctx: DistContext) -> torch.device:
     return device
 
 
-def shutdown_distributed(ctx: DistContext) -> None:
-    if ctx.enabled and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown_distributed(ctx: DistContext, *, in_step: bool = True) -> None:
+    """Leave the process group before the interpreter exits.
+
+    ``in_step``: every rank reached this point together (the run ended normally),
+    so a barrier first makes sure no rank closes its sockets while a peer still
+    waits on a collective. After a failure the peers may be gone: no barrier.
+
+    DDP/FSDP modules keep the group alive through reference cycles; collecting
+    them here lets ``destroy_process_group`` free the group (and join gloo's
+    threads) now, not during interpreter teardown, where destroying a group
+    with live threads aborts the process (SIGABRT, "terminate called without
+    an active exception") after the run's results are already written.
+    """
+    if not (ctx.enabled and dist.is_initialized()):
+        return
+    if in_step:
+        # A peer that already left (failed) makes the barrier raise: nothing to wait for.
+        with contextlib.suppress(RuntimeError):
+            dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def shard_model(

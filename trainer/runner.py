@@ -265,14 +265,17 @@ def train(
             time.perf_counter(), lease or Lease(None, 0), dist,
         )  # fmt: skip
         inv.stop.install()
+        finished = False
         try:
-            return _train(inv)
+            summary = _train(inv)
+            finished = True
+            return summary
         finally:
             inv.stop.uninstall()
             progress.close()
             if quiet is not None:
                 quiet.close()
-            shutdown_distributed(dist)
+            shutdown_distributed(dist, in_step=finished)
 
 
 def _train(inv: Invocation) -> dict[str, Any]:
