@@ -35,6 +35,7 @@ from trainer.run_guard import (
     RunDirBusy,
     die_with_launcher,
 )
+from trainer.study import BUILTIN_STUDIES
 from trainer.validation import validate_config
 
 
@@ -129,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
 
     study = sub.add_parser("study", help="run a stability study definition")
     study.add_argument(
-        "definition", help="STUDY.json, or a built-in name: quick | dose | fixes | full"
+        "definition", help=f"STUDY.json, or a built-in name: {' | '.join(BUILTIN_STUDIES)}"
     )
     study.add_argument("--out", required=True)
     study.add_argument("--set", dest="overrides", action="append", default=[])

@@ -44,7 +44,14 @@ from trainer.presets import preset_dict
 from trainer.run_files import SUMMARY_FILE, read_metrics
 from trainer.validation import validate_config
 
-BUILTIN_STUDIES = ("quick", "full", "dose", "fixes", "kl-order", "kl-order-deep")
+# Every definition shipped in trainer/studies/ is a built-in study, by its file name.
+BUILTIN_STUDIES = tuple(
+    sorted(
+        entry.name.removesuffix(".json")
+        for entry in resources.files("trainer.studies").iterdir()
+        if entry.name.endswith(".json")
+    )
+)
 # A k3 spike: a step whose k3 is this many times the run's own median k3 (an
 # order-of-magnitude excursion, what the KL traces of the R3 paper show as spikes).
 K3_SPIKE_FACTOR = 10.0
@@ -137,7 +144,7 @@ def _seed_fields(value: Any) -> list[str]:
 
 
 def load_definition(ref: str) -> StudyDefinition:
-    """A path to STUDY.json, or a built-in name (quick, full)."""
+    """A path to STUDY.json, or a built-in name (``BUILTIN_STUDIES``)."""
     if ref in BUILTIN_STUDIES:
         text = resources.files("trainer.studies").joinpath(f"{ref}.json").read_text()
     else:

@@ -7,6 +7,7 @@ import pytest
 from trainer.errors import FieldError
 from trainer.runner import train
 from trainer.study import (
+    BUILTIN_STUDIES,
     StudyDefinition,
     censored_collapse,
     load_definition,
@@ -114,6 +115,17 @@ def test_study_runs_aggregates_and_resumes(tmp_path):
     again = run_study(study, tmp_path)
     assert (tmp_path / "moe" / "seed0" / "summary.json").stat().st_mtime == before
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(results))
+
+
+@pytest.mark.parametrize("name", BUILTIN_STUDIES)
+def test_every_builtin_study_loads_and_its_configs_validate(name):
+    """Every file in trainer/studies/ is a built-in study, and each of its runs' configs
+    is a valid one (the study refuses to start otherwise, after its bases are trained)."""
+    study = load_definition(name)
+    for variant in study.variants:
+        for seed in study.seeds:
+            cfg = study.config_for(variant, seed)
+            assert cfg.run.seed == seed
 
 
 def test_dose_and_fixes_definitions():
