@@ -756,7 +756,8 @@ class ParallelConfig(Section):
         le=512,
         description="Ranks each MoE layer's experts are sharded over (tokens travel to "
         "their experts' rank and back with all_to_all); 1 = off. run.gpus = data-parallel "
-        "x expert_parallel; must divide model.n_experts and run.gpus; ddp only.",
+        "x expert_parallel; must divide model.n_experts and run.gpus. Under fsdp each rank's "
+        "experts are also sharded over the ranks that hold the same experts.",
     )
     timeout_s: float = Field(
         600.0,
@@ -840,8 +841,6 @@ class ExperimentConfig(Section):
                 problem = (
                     f"must divide the {ranks} ranks (run.gpus x run.nodes = data-parallel x {ep})"
                 )
-            elif self.parallel.strategy != "ddp":
-                problem = "works with parallel.strategy=ddp only; set strategy=ddp"
             if problem:
                 raise ValueError(f"parallel.expert_parallel: {ep} {problem}")
         if ranks == 1:

@@ -304,6 +304,23 @@ def shard_model(
         fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         for layer in model.moe_layers:
             fully_shard(layer.router, mesh=mesh, mp_policy=fp32)
+    if ctx.ep and any(layer.expert_shard is not None for layer in model.moe_layers):
+        # Expert parallelism (shard_model_experts ran first): this rank's experts are
+        # sharded over the ranks that hold the same experts (dp_group) and gathered
+        # around ExpertWeights.forward only. Their reduce-scatter sums over those
+        # ranks and divides by the WHOLE world, as average_gradients does without
+        # FSDP: the all-to-all backward already summed the expert-parallel group's
+        # tokens into each expert's gradient (the torchtitan layout for MoE + FSDP2).
+        from torch.distributed.device_mesh import DeviceMesh
+
+        dp_mesh = DeviceMesh.from_group(ctx.dp_group, device_type)
+        for layer in model.moe_layers:
+            fully_shard(layer.experts, mesh=dp_mesh, mp_policy=low)
+            layer.experts.set_gradient_divide_factor(float(ctx.world_size))
+            # gloo has no PREMUL_SUM: sum, then scale. Not on a one-rank mesh, where
+            # FSDP (torch 2.13) would divide twice: no collective runs there anyway.
+            if device_type == "cpu" and dp_mesh.size() > 1:
+                layer.experts.set_force_sum_reduction_for_comms(True)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=low)
     fully_shard(model, mesh=mesh, mp_policy=low)
@@ -338,6 +355,25 @@ def average_gradients(named_params, ctx: DistContext, is_expert: Any) -> None:
         param.grad.div_(ctx.world_size)
 
 
+def sharded_grad_norm(params, ctx: DistContext) -> torch.Tensor:
+    """L2 norm of the whole model's gradient under FSDP with expert parallelism.
+
+    Every element of every gradient lives on exactly one rank: replicated
+    parameters are sharded over the world, each expert slice over the ranks that
+    hold it. So the squared local shards summed over the world are the squared
+    norm (torch's clip_grad_norm_ cannot mix DTensors of two meshes).
+    """
+    squares = torch.zeros((), dtype=torch.float64, device=_collective_device(ctx))
+    for param in params:
+        if param.grad is None:
+            continue
+        grad = param.grad
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        squares += local.detach().double().square().sum().to(squares.device)
+    dist.all_reduce(squares)
+    return squares.sqrt().float().cpu()
+
+
 def global_grad_norm(named_params, ctx: DistContext, is_expert: Any) -> torch.Tensor:
     """L2 norm of the whole model's gradient under expert parallelism: replicated
     gradients counted once, the expert shards summed over the expert group."""
@@ -363,12 +399,66 @@ def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch
     slices (a collective: every rank calls it); otherwise the module's own
     state_dict, no copy.
     """
+    state = rank_state_dict(model, ctx)
     if ctx.ep:
         from trainer.model.expert_parallel import expert_shards, gather_expert_shards
 
-        return gather_expert_shards(model.state_dict(), expert_shards(model))
+        return gather_expert_shards(state, expert_shards(model))
+    return state
+
+
+def rank_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor]:
+    """The model's state_dict as this rank computes with it: under FSDP the shards
+    all-gathered (a collective), under expert parallelism only this rank's experts."""
     if not ctx.fsdp:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def load_rank_state_dict(model: torch.nn.Module, state: dict, ctx: DistContext) -> None:
+    """``rank_state_dict``'s inverse: whole tensors (this rank's experts under expert
+    parallelism) into the model, under FSDP into this rank's shards."""
+    if not ctx.fsdp:
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def local_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state_dict with every sharded (DTensor) state as this rank's
+    plain local shard, for a per-rank checkpoint (FSDP with expert parallelism)."""
+    state = optimizer.state_dict()
+    return {
+        "state": {
+            index: {name: _local(value) for name, value in per_param.items()}
+            for index, per_param in state["state"].items()
+        },
+        "param_groups": state["param_groups"],
+    }
+
+
+def load_local_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``local_optimizer_state``'s inverse on the same world size: each local shard
+    becomes a DTensor laid out like its parameter again."""
+    from torch.distributed.tensor import DTensor
+
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not isinstance(param, DTensor):
+                continue
+            per_param = optimizer.state.get(param, {})
+            for name, value in per_param.items():
+                if torch.is_tensor(value) and value.dim() > 0 and not isinstance(value, DTensor):
+                    per_param[name] = DTensor.from_local(
+                        value, param.device_mesh, param.placements,
+                        shape=param.shape, stride=param.stride(), run_check=False,
+                    )  # fmt: skip
+
+
+def _local(value: Any) -> Any:
+    return value.to_local() if hasattr(value, "to_local") else value

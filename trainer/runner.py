@@ -61,7 +61,11 @@ from trainer.distributed import (
     DistContext,
     full_state_dict,
     init_distributed,
+    load_local_optimizer_state,
+    load_rank_state_dict,
+    local_optimizer_state,
     rank_device,
+    rank_state_dict,
     shutdown_distributed,
 )
 from trainer.evaluation import greedy_accuracy
@@ -164,6 +168,14 @@ class RunContext:
     state: RunState
     dist: DistContext = SINGLE
 
+    @property
+    def sharded_checkpoint(self) -> bool:
+        """FSDP checkpoints through torch.distributed.checkpoint, each rank its shards.
+        With expert parallelism the ranks of a group hold different experts under
+        the same parameter names, which one DCP folder cannot tell apart: those runs
+        keep the whole model in last.pt and each rank's optimiser shard beside it."""
+        return self.dist.fsdp and not self.dist.ep
+
     def sync_engine(self) -> float:
         """Load the policy's weights into the rollout engine; returns the seconds it took
         (metric ``time/weight_sync_s``). Under FSDP the shards are all-gathered first;
@@ -173,7 +185,7 @@ class RunContext:
         if self.dist.ep:
             if self.engine.expert_shard is None:  # the layout is fixed for the run
                 self.engine.expert_shard = next(iter(expert_shards(self.policy).values()))
-            self.engine.load_weights(self.policy.state_dict())
+            self.engine.load_weights(rank_state_dict(self.policy, self.dist))
         else:
             self.engine.load_weights(full_state_dict(self.policy, self.dist))
         return time.perf_counter() - t0
@@ -193,13 +205,13 @@ class RunContext:
         (``rng_by_rank``); under FSDP the model and optimiser go to a sharded
         torch.distributed.checkpoint folder instead (trainer.checkpoint).
         """
-        ep = self.dist.ep
+        ep, dcp = self.dist.ep, self.sharded_checkpoint
         return {
             # Expert parallelism: the whole model, every rank's experts gathered.
-            "policy": None if self.dist.fsdp else full_state_dict(self.policy, self.dist),
+            "policy": None if dcp else full_state_dict(self.policy, self.dist),
             "reference": (
-                self.reference.state_dict()
-                if self.reference is not None and not self.dist.fsdp
+                rank_state_dict(self.reference, self.dist)
+                if self.reference is not None and not dcp
                 else None
             ),
             "updater": self.updater.state_dict(),
@@ -207,7 +219,9 @@ class RunContext:
             "rng": rng_state(self.py_rng, self.generators),
             "rng_by_rank": gather_rng_states(self.dist, self.py_rng, self.generators),
             "optimizer_by_rank": (
-                gather_objects(self.dist, self.updater.optimizer.state_dict()) if ep else None
+                gather_objects(self.dist, local_optimizer_state(self.updater.optimizer))
+                if ep
+                else None
             ),
             "world_size": self.dist.world_size,
             "run_state": self.state.__dict__,
@@ -218,7 +232,7 @@ class RunContext:
         """Checkpoint the run; over several ranks every rank must call it (rank 0 writes)."""
         payload = self.checkpoint_payload()
         sharded = None
-        if self.dist.fsdp:
+        if self.sharded_checkpoint:
             sharded = save_sharded(
                 run_dir, self.state.step, self.policy, self.reference, self.updater.optimizer
             )
@@ -415,12 +429,12 @@ def _restore_or_measure_start(ctx: RunContext, inv: Invocation) -> int | None:
         policy_state = ckpt["policy"]
         if ctx.dist.ep:  # this rank's slices of the gathered experts
             policy_state = slice_expert_shards(policy_state, expert_shards(ctx.policy))
-        ctx.policy.load_state_dict(policy_state)
+        load_rank_state_dict(ctx.policy, policy_state, ctx.dist)
         if ctx.reference is not None and ckpt.get("reference") is not None:
-            ctx.reference.load_state_dict(ckpt["reference"])
+            load_rank_state_dict(ctx.reference, ckpt["reference"], ctx.dist)
     ctx.updater.load_state_dict(ckpt["updater"])
     if ckpt.get("optimizer_by_rank"):
-        ctx.updater.optimizer.load_state_dict(ckpt["optimizer_by_rank"][ctx.dist.rank])
+        load_local_optimizer_state(ctx.updater.optimizer, ckpt["optimizer_by_rank"][ctx.dist.rank])
     ctx.collapse.load_state_dict(ckpt["collapse"])
     by_rank = ckpt.get("rng_by_rank")
     restore_rng(by_rank[ctx.dist.rank] if by_rank else ckpt["rng"], ctx.py_rng, ctx.generators)

@@ -45,6 +45,7 @@ from trainer.distributed import (
     global_grad_norm,
     shard_model,
     shard_model_experts,
+    sharded_grad_norm,
 )
 from trainer.measure import expert_stats, mismatch_stats, routing_mismatch
 from trainer.model import TransformerLM
@@ -181,18 +182,18 @@ class PolicyUpdater:
         # FSDP2 shards the policy (and the frozen reference) in place, so the
         # optimiser below is built on the shards.
         self.train_module: torch.nn.Module = policy
+        if dist.ep:
+            # Each rank keeps its experts. Without FSDP, gradients are averaged by
+            # hand after the backward (average_gradients): DDP would mix different
+            # ranks' experts. The frozen reference keeps every expert.
+            shard_model_experts(policy, dist)
         if dist.fsdp:
             # optim.param_dtype=bf16 under FSDP: fp32 shards are the masters and
             # each all-gather casts to bf16 (trainer.distributed.shard_model).
             shard_model(policy, dist, cfg.optim.param_dtype)
             if reference is not None:
                 shard_model(reference, dist, cfg.optim.param_dtype)
-        elif dist.ep:
-            # Each rank keeps its experts; gradients are averaged by hand after the
-            # backward (average_gradients): DDP would mix different ranks' experts.
-            # The frozen reference stays whole and runs locally.
-            shard_model_experts(policy, dist)
-        elif dist.enabled:
+        elif dist.enabled and not dist.ep:
             self.train_module = torch.nn.parallel.DistributedDataParallel(
                 policy,
                 device_ids=[device.index] if device.type == "cuda" else None,
@@ -421,7 +422,7 @@ class PolicyUpdater:
         self.optimizer.zero_grad(set_to_none=True)
         self.masters.zero_model_grads()
         stats.update(stabilizers.backward(loss, routing_loss))
-        if dist.ep:
+        if dist.ep and not dist.fsdp:  # FSDP's reduce-scatter averages them itself
             average_gradients(self.policy.named_parameters(), dist, is_expert_param)
         stabilizers.clip_experts()  # each expert on its own, before the global clip
         self.masters.grads_to_masters()  # the global norm and the step in fp32
@@ -430,10 +431,13 @@ class PolicyUpdater:
         params = [p for p in stepped if p.grad is not None]
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         if dist.ep:  # the norm over every expert shard, as clip_grad_norm_ scales
-            grad_norm = global_grad_norm(self.policy.named_parameters(), dist, is_expert_param)
-            scale_by = (max_norm / (grad_norm + 1e-6)).clamp(max=1.0)
+            if dist.fsdp:
+                grad_norm = sharded_grad_norm(params, dist)
+            else:
+                grad_norm = global_grad_norm(self.policy.named_parameters(), dist, is_expert_param)
+            scale_by = float((max_norm / (grad_norm + 1e-6)).clamp(max=1.0))
             for p in params:
-                p.grad.mul_(scale_by.to(p.grad.device))
+                p.grad.mul_(scale_by)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards

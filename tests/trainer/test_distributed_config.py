@@ -24,8 +24,6 @@ from trainer.validation import validate_config
          "parallel.expert_parallel", "model.n_experts"),
         ({"run": {"gpus": 2}, "model": {"n_experts": 8}, "parallel": {"expert_parallel": 4}},
          "parallel.expert_parallel", "run.gpus"),
-        ({"run": {"gpus": 2}, "parallel": {"expert_parallel": 2, "strategy": "fsdp"}},
-         "parallel.expert_parallel", "strategy=ddp"),
         ({"run": {"gpus": 2}, "model": {"n_experts": 0}, "parallel": {"expert_parallel": 2}},
          "parallel.expert_parallel", "MoE"),
     ],

@@ -264,3 +264,14 @@ def test_expert_parallel_ranks_equal_one_process(tmp_path, name, world):
     """EP=2: 2 ranks share each layer's experts; 4 ranks = 2 data-parallel x EP 2."""
     one, _ = _run_pair(tmp_path, CASES[name], "ddp", world=world, ep=2)
     assert one["metrics"][K.POLICY_GRAD_NORM] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "world"), [("grpo", 2), ("grpo_r3", 2), ("ppo", 2), ("grpo_balance", 4)]
+)
+def test_expert_parallel_under_fsdp_equals_one_process(tmp_path, name, world):
+    """EP=2 with FSDP: each rank's experts are also sharded over the ranks holding the
+    same experts (4 ranks = 2 data-parallel x EP 2), everything else over the world."""
+    one, _ = _run_pair(tmp_path, CASES[name], "fsdp", world=world, ep=2)
+    assert one["metrics"][K.POLICY_GRAD_NORM] > 0

@@ -45,7 +45,7 @@ def _comparable(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "ep"), [("ddp", 1), ("fsdp", 1), ("ddp", 2)])
+@pytest.mark.parametrize(("strategy", "ep"), [("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)])
 def test_two_ranks_cancel_resume_and_world_size_check(tmp_path, strategy, ep):
     env = _env(tmp_path)
     straight = tmp_path / "straight"

@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from trainer.model.dispatch import Dispatch, expert_matmul, resolve_backend
+from trainer.model.dispatch import Dispatch
 
 
 class _AllToAll(torch.autograd.Function):
@@ -96,25 +95,15 @@ def ep_experts_swiglu(
     x: torch.Tensor,
     gates: torch.Tensor,
     indices: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    w_down: torch.Tensor,
+    experts: Callable[[torch.Tensor, Dispatch], torch.Tensor],
     shard: ExpertShard,
-    backend: str = "auto",
 ) -> torch.Tensor:
     """``experts_swiglu`` with the experts sharded: x (N, D), gates/indices (N, k)
-    with GLOBAL expert ids, w_* this rank's (E/ep, ...) slices -> (N, D)."""
+    with GLOBAL expert ids; ``experts(xs, local)`` runs this rank's E/ep experts
+    (``ExpertWeights.forward``) on rows grouped by local expert -> (N, D)."""
     n, k = indices.shape
     dispatch = Dispatch.from_indices(indices, shard.n_experts)  # sorted by expert = by rank
-
-    def local_swiglu(xs: torch.Tensor, local: Dispatch) -> torch.Tensor:
-        kind = resolve_backend(backend, xs)
-        hidden = F.silu(expert_matmul(xs, w_gate, local, kind)) * expert_matmul(
-            xs, w_up, local, kind
-        )
-        return expert_matmul(hidden, w_down, local, kind)
-
-    ys_out = run_on_owners(x.index_select(0, dispatch.token), dispatch.counts, shard, local_swiglu)
+    ys_out = run_on_owners(x.index_select(0, dispatch.token), dispatch.counts, shard, experts)
     per_token = ys_out.index_select(0, dispatch.inverse).view(n, k, -1)
     return torch.bmm(gates.to(per_token.dtype)[:, None, :], per_token).squeeze(1)
 

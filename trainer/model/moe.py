@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.model.dispatch import experts_swiglu
+from trainer.model.dispatch import Dispatch, expert_matmul, experts_swiglu, resolve_backend
 from trainer.model.expert_parallel import ExpertShard, ep_experts_swiglu
 from trainer.model.layers import SwiGLU
 from trainer.model.noisy_gating import NoiseScale, noisy_topk_logits
@@ -123,11 +123,25 @@ class ExpertWeights(nn.Module):
     slices ``[e]`` (per-expert gradient clipping uses that).
     """
 
-    def __init__(self, n_experts: int, d_model: int, hidden: int):
+    def __init__(self, n_experts: int, d_model: int, hidden: int, backend: str = "auto"):
         super().__init__()
         self.w_gate = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w_up = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, d_model))
+        self.backend = backend
+
+    def forward(self, xs: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
+        """The SwiGLU of each row's expert: xs (M, D) grouped by expert
+        (``dispatch.counts``: (E,) rows per expert of this module) -> (M, D).
+
+        Expert parallelism calls it on the rows that arrived from the group, so
+        that an FSDP unit around this module gathers the expert weights around
+        exactly this computation (trainer.distributed.shard_model)."""
+        kind = resolve_backend(self.backend, xs)
+        hidden = F.silu(expert_matmul(xs, self.w_gate, dispatch, kind)) * expert_matmul(
+            xs, self.w_up, dispatch, kind
+        )
+        return expert_matmul(hidden, self.w_down, dispatch, kind)
 
 
 class MoELayer(nn.Module):
@@ -154,7 +168,7 @@ class MoELayer(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         self.backend = backend  # "auto" | "grouped_mm" | "loop" (trainer.model.dispatch)
         self.router = Router(d_model, n_experts, top_k)
-        self.experts = ExpertWeights(n_experts, d_model, expert_hidden)
+        self.experts = ExpertWeights(n_experts, d_model, expert_hidden, backend)
         self.shared = SwiGLU(d_model, shared_expert_hidden) if shared_expert_hidden else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_expert_gate else None
         # Set by expert_parallel.shard_experts_: this rank holds a slice of the experts
@@ -185,9 +199,7 @@ class MoELayer(nn.Module):
         gates = topk_gates(probs, used, self.norm_topk_prob)
         e = self.experts
         if self.expert_shard is not None:
-            y = ep_experts_swiglu(
-                flat, gates, used, e.w_gate, e.w_up, e.w_down, self.expert_shard, self.backend
-            )
+            y = ep_experts_swiglu(flat, gates, used, e, self.expert_shard)
         else:
             y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, self.backend)
         if self.shared is not None:
