@@ -26,6 +26,7 @@ BENCHMARKS = (
     "bench_expert_parallel",  # expert-parallel layer on 1, 2, 4 gloo ranks
     "bench_data_parallel",  # whole RL step on 1 and 2 data-parallel ranks
     "bench_hf_import",  # loading Hugging Face MoE checkpoints
+    "bench_step_ops",  # operator calls per study step -> estimated GPU wall time
 )
 
 
