@@ -8,6 +8,9 @@ the warm start. "before" runs the update with the per-parameter (for-loop) AdamW
 "after" with the fused AdamW the trainer now builds. All
 configurations are timed interleaved in one process (shared-machine noise hits
 each alike); ratios are to the 8-expert model of the same depth.
+``total_param_floor_ms`` is the part of a step that follows the total parameter
+count at any batch size (AdamW, the clipping norm, every gradient buffer, per
+minibatch), measured on its own: the floor under what more experts cost.
 
     .venv/bin/python -m bench.bench_active_params [--experts 8 16 32 64] [--layers 2 8]
 """
@@ -97,6 +100,40 @@ class Step:
         self.parts["optim"].append(spent[0])
 
 
+def total_parameter_floor_ms(policy: torch.nn.Module, minibatches: int, repeats: int = 10) -> float:
+    """Milliseconds per RL step that follow the TOTAL parameter count whatever the
+    batch: per minibatch, one fused AdamW step, one global-norm clip and the
+    gradient buffers of every parameter (written by the backward even for an
+    expert that got no token). A lower bound on what 64 experts add over 8."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.AdamW(params, lr=1e-6, fused=True)
+
+    def new_grads() -> None:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+
+    parts = {
+        "adam": optimizer.step,
+        "clip": lambda: torch.nn.utils.clip_grad_norm_(params, 1.0),
+        "grads": new_grads,
+    }
+    total = 0.0
+    for fn in parts.values():
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        total += statistics.median(samples)
+    for p in params:
+        p.grad = None
+    return total * minibatches * 1e3
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--experts", type=int, nargs="+", default=[8, 16, 32, 64])
@@ -139,6 +176,13 @@ def main(argv: list[str] | None = None) -> dict:
                 row[f"{v}_ratio"] = round(m["step"] / base, 2)
                 row[f"{v}_optim_ms"] = round(m["optim"] * 1e3, 1)
             row["sync_ms"] = round(med[(e, n, "after")]["sync"] * 1e3, 1)
+            after = steps[(e, n, "after")]
+            row["total_param_floor_ms"] = round(
+                total_parameter_floor_ms(
+                    copy.deepcopy(after.policy), after.cfg.algorithm.minibatches
+                ),
+                1,
+            )
             rows.append(row)
     print_table(rows, list(rows[0]))
     payload = {"args": vars(args), "rows": rows, "environment": environment()}

@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from django.conf import settings
 
 
+def usable_ranks(gpus: int, cpu_slots: int) -> int:
+    """The most ranks one run may ask of a worker: its GPUs, or its CPU slots."""
+    return gpus if gpus else cpu_slots
+
+
 @dataclass(frozen=True)
 class WorkerCapacity:
     """``gpus``: devices this worker owns (0 on a CPU host); ``cpu_slots``: ranks a
@@ -31,7 +36,7 @@ class WorkerCapacity:
 
     @property
     def ranks(self) -> int:
-        return self.gpus if self.gpus else self.cpu_slots
+        return usable_ranks(self.gpus, self.cpu_slots)
 
     def visible_devices(self, ranks: int) -> str | None:
         """CUDA_VISIBLE_DEVICES for a trainer of ``ranks`` ranks (the first devices

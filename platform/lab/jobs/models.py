@@ -11,6 +11,8 @@ from datetime import timedelta
 from django.db import models
 from django.utils import timezone
 
+from lab.jobs.capacity import usable_ranks
+
 
 class Worker(models.Model):
     hostname = models.CharField(max_length=255, unique=True)
@@ -37,8 +39,8 @@ class Worker(models.Model):
 
     @property
     def ranks(self) -> int:
-        """The most ranks one run may ask of this worker (capacity.WorkerCapacity.ranks)."""
-        return self.gpus if self.gpus else self.cpu_slots
+        """The most ranks one run may ask of this worker (as WorkerCapacity.ranks)."""
+        return usable_ranks(self.gpus, self.cpu_slots)
 
     def capacity_text(self) -> str:
         if self.gpus:
