@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_runner import FAST as RUNNER_FAST
 
 from trainer import metric_keys as K
 from trainer.config import apply_overrides
@@ -15,19 +16,8 @@ from trainer.runner import train
 from trainer.validation import validate_config
 from trainer.warmstart_progress import WarmStartReporter, eta_seconds, format_eta, read_progress
 
-FAST = [
-    "run.steps=2",
-    "run.eval_every=2",
-    "run.checkpoint_every=2",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "algorithm.minibatches=2",
-    "warm_start.max_steps=40",
-    "warm_start.eval_every=20",
-    "warm_start.eval_size=16",
-    "task.eval_size=16",
-    "run.threads=1",
-]
+# The runner tests' fast config, 2 steps.
+FAST = [*RUNNER_FAST, "run.steps=2"]
 
 
 def test_eta_extends_the_accuracy_climb_to_the_target_within_max_steps():

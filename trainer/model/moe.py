@@ -128,7 +128,7 @@ class ExpertWeights(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w_up = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, d_model))
-        self.backend = backend
+        self.backend = backend  # "auto" | "grouped_mm" | "loop" (trainer.model.dispatch)
 
     def forward(self, xs: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
         """The SwiGLU of each row's expert: xs (M, D) grouped by expert
@@ -166,7 +166,6 @@ class MoELayer(nn.Module):
         self.n_experts = n_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.backend = backend  # "auto" | "grouped_mm" | "loop" (trainer.model.dispatch)
         self.router = Router(d_model, n_experts, top_k)
         self.experts = ExpertWeights(n_experts, d_model, expert_hidden, backend)
         self.shared = SwiGLU(d_model, shared_expert_hidden) if shared_expert_hidden else None
@@ -201,7 +200,7 @@ class MoELayer(nn.Module):
         if self.expert_shard is not None:
             y = ep_experts_swiglu(flat, gates, used, e, self.expert_shard)
         else:
-            y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, self.backend)
+            y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, e.backend)
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:
