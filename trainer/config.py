@@ -410,6 +410,20 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass; 1 = off.")
     kv_cache: bool = Field(True, description="Decode with a KV cache (off = full recompute).")
+    router_noise: float = Field(
+        0.0,
+        ge=0.0,
+        le=10.0,
+        description="Routing-only training-inference gap: standard deviation (logit units) "
+        "of a perturbation of the rollout engine's router selection scores before top-k; "
+        "gates and every other path are unchanged (trainer/rollout/router_noise.py). "
+        "0 = off. MoE only.",
+    )
+    router_noise_kind: Literal["fixed", "fresh"] = Field(
+        "fixed",
+        description="fixed: a fixed function of the router input (one random projection "
+        "per layer, as a deterministic kernel difference); fresh: new noise at every call.",
+    )
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -808,6 +822,7 @@ class ExperimentConfig(Section):
             "stabilizers.balance.router_kl_coef": st.balance.router_kl_coef > 0,
             "stabilizers.balance.aux_free_bias": st.balance.aux_free_bias,
             "stabilizers.noisy_gating.enabled": st.noisy_gating.enabled,
+            "rollout.router_noise": self.rollout.router_noise > 0,
         }
         if not self.model.is_moe:
             on = [path for path, active in moe_only.items() if active]
@@ -822,6 +837,17 @@ class ExperimentConfig(Section):
             raise ValueError(
                 "algorithm.advantage.expert_zscore: expert z-scored advantages need an MoE model and "
                 "expert_zscore_layer < model.n_layers"
+            )
+        if st.is_correction.kind != "none" and self.algorithm.behavior_logprobs == "rollout":
+            # With rollout behaviour log-probs the clipped ratio is already
+            # pi_theta / pi_rollout; TIS/MIS/IcePop would multiply by
+            # pi_old / pi_rollout again and correct the engine gap twice (verl's
+            # bypass mode applies no IS weight to such a ratio for this reason).
+            raise ValueError(
+                f"stabilizers.is_correction.kind: {st.is_correction.kind!r} reweights by "
+                "pi_old / pi_rollout, but algorithm.behavior_logprobs='rollout' already puts "
+                "pi_rollout in the ratio's denominator: the engine gap would be corrected "
+                "twice; use behavior_logprobs='train' with an IS correction, or kind='none'"
             )
         self._check_parallel()
         return self

@@ -76,6 +76,7 @@ from trainer.model.expert_parallel import expert_shards, slice_expert_shards
 from trainer.precision import cast_parameters
 from trainer.progress import Progress
 from trainer.rollout import RolloutEngine
+from trainer.rollout.router_noise import build_router_noise
 from trainer.rollout_data import RolloutData
 from trainer.run_files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
 from trainer.run_guard import Lease, LeaseExpired, RunDirLock
@@ -398,7 +399,13 @@ def _build(
         eval_problems=eval_problems,
         policy=policy,
         reference=reference,
-        engine=RolloutEngine(cfg.model, vocab_size, precision=cfg.rollout.precision, device=device),
+        engine=RolloutEngine(
+            cfg.model,
+            vocab_size,
+            precision=cfg.rollout.precision,
+            device=device,
+            router_noise=build_router_noise(cfg, device, generators),
+        ),
         # Builds the run's Stabilizers too (after the reference copy: noisy gating adds
         # noise-scale parameters to the policy's routers, never to the frozen reference).
         updater=PolicyUpdater(cfg, policy, reference, generators["shuffle"], dist=dist),

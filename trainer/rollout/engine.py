@@ -35,6 +35,7 @@ from trainer.model.layers import (
     rotary_inv_freq,
 )
 from trainer.rollout.numerics import Numerics
+from trainer.rollout.router_noise import RouterNoise
 from trainer.rollout.routing_pack import PackedRouting, index_dtype
 from trainer.rollout.sampling import sample_next, scaled_logprobs
 
@@ -90,6 +91,7 @@ class _Layer:
     # (x / 1.0 and x + 0.0 change no value and no top-k order).
     has_temperature: bool = False
     has_selection_bias: bool = False
+    moe_index: int = -1  # position among the MoE layers (router noise, routing buffers)
 
     @property
     def is_moe(self) -> bool:
@@ -104,8 +106,11 @@ class RolloutEngine:
         precision: str = "bf16",
         device: torch.device | str = "cpu",
         moe_backend: str = "auto",
+        router_noise: RouterNoise | None = None,
     ):
         self.cfg = cfg
+        # The routing-only dose (trainer.rollout.router_noise): None or sigma 0 = off.
+        self.router_noise = router_noise if router_noise and router_noise.active else None
         self.vocab_size = vocab_size
         self.num = Numerics(precision, device)
         self.device = self.num.device
@@ -160,6 +165,7 @@ class RolloutEngine:
             )
             self._load_attention_extras(layer, sd, p)
             if p + "ffn.router.weight" in sd:
+                layer.moe_index = sum(prev.is_moe for prev in self.layers)
                 layer.router = w(sd[p + "ffn.router.weight"])
                 layer.selection_bias = sd[p + "ffn.router.selection_bias"].to(
                     self.device, torch.float32
@@ -316,6 +322,9 @@ class RolloutEngine:
             logits = logits / layer.router_temperature
         probs = logits.softmax(dim=-1)
         scores = logits + layer.selection_bias if layer.has_selection_bias else logits
+        if self.router_noise is not None:
+            # Only the choice moves; the gates below read the unperturbed probs.
+            scores = self.router_noise.perturb(scores, x, layer.moe_index)
         top = scores.topk(self.cfg.top_k, dim=-1).indices
         picked = probs.gather(-1, top)
         gates = picked / picked.sum(-1, keepdim=True) if self.cfg.norm_topk_prob else picked
