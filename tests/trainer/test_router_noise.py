@@ -98,14 +98,14 @@ def test_noise_flips_routes_and_replaying_them_closes_the_gap(tiny_moe_cfg, make
 
 
 def test_config_refuses_router_noise_on_a_dense_model():
-    with pytest.raises(ValueError, match="rollout.router_noise"):
+    with pytest.raises(ValueError, match=r"rollout\.router_noise"):
         ExperimentConfig.model_validate(
             {"model": {"n_experts": 0}, "rollout": {"router_noise": 0.2}}
         )
 
 
 def test_config_refuses_an_is_correction_on_a_rollout_ratio():
-    with pytest.raises(ValueError, match="corrected\\s+twice|twice"):
+    with pytest.raises(ValueError, match="twice"):
         ExperimentConfig.model_validate(
             {
                 "algorithm": {"behavior_logprobs": "rollout"},
