@@ -90,13 +90,13 @@ def take(url: str, username: str, password: str, experiment_name: str) -> list[P
             sys.exit("the experiment has no finished run yet")
         caption = f"real runs: {experiment_name}, {datetime.date.today().isoformat()}"
 
-        page.goto(f"{url}/dashboard/stability/?experiment={exp}")
+        page.goto(f"{url}/stability/?experiment={exp}")
         written.append(_shoot(page, "stability", caption, full_page=True))
-        page.goto(f"{url}/dashboard/experiments/{exp}/")
+        page.goto(f"{url}/experiments/{exp}/")
         written.append(_shoot(page, "experiment", caption))
         collapsed = [r for r in runs if (r.get("summary") or {}).get("collapsed")]
         run = (collapsed or runs)[0]
-        page.goto(f"{url}/dashboard/runs/{run['id']}/")
+        page.goto(f"{url}/runs/{run['id']}/")
         written.append(_shoot(page, "run-page", caption, full_page=True))
         by_variant = {}
         for r in runs:
@@ -104,7 +104,7 @@ def take(url: str, username: str, password: str, experiment_name: str) -> list[P
         pair = list(by_variant.values())[:2]
         if len(pair) == 2:
             ids = ",".join(str(r["id"]) for r in pair)
-            page.goto(f"{url}/dashboard/compare/?runs={urllib.parse.quote(ids)}")
+            page.goto(f"{url}/compare/?runs={urllib.parse.quote(ids)}")
             written.append(_shoot(page, "compare", caption))
         browser.close()
     return written

@@ -7,7 +7,7 @@ from tests.dashboard.conftest import records
 
 
 def _message(alice, run, key: str) -> str:
-    body = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": key}).json()
+    body = alice.get(f"/runs/{run.pk}/chart", {"key": key}).json()
     return body["figure"]["layout"]["meta"]["placeholder"]
 
 

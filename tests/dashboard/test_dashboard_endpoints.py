@@ -36,7 +36,7 @@ def long_run(make_run):
 
 def test_run_chart_downsampled_keeps_the_spike(alice, long_run):
     response = alice.get(
-        f"/dashboard/runs/{long_run.pk}/chart", {"key": "mismatch/kl_k3", "max_points": 200}
+        f"/runs/{long_run.pk}/chart", {"key": "mismatch/kl_k3", "max_points": 200}
     )
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
@@ -53,7 +53,7 @@ def test_run_chart_downsampled_keeps_the_spike(alice, long_run):
 
 def test_zoom_window_is_full_resolution(alice, long_run):
     response = alice.get(
-        f"/dashboard/runs/{long_run.pk}/chart",
+        f"/runs/{long_run.pk}/chart",
         {"key": "mismatch/kl_k3", "max_points": 500, "start": 3200, "end": 3300},
     )
     (trace,) = payload_traces(response)
@@ -67,7 +67,7 @@ def _csv_rows(response) -> list[dict[str, str]]:
 
 
 def test_csv_download_is_full_resolution_unless_max_points(alice, long_run):
-    url = f"/dashboard/runs/{long_run.pk}/chart"
+    url = f"/runs/{long_run.pk}/chart"
     response = alice.get(url, {"key": "mismatch/kl_k3", "format": "csv"})
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/csv")
@@ -94,7 +94,7 @@ def test_json_download_skips_missing_keys_and_keeps_stored_nulls_as_gaps(alice, 
         ]
     )
     response = alice.get(
-        f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy", "format": "json"}
+        f"/runs/{run.pk}/chart", {"key": "reward/accuracy", "format": "json"}
     )
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
@@ -120,7 +120,7 @@ def test_sparse_metric_is_one_unbroken_line_when_downsampled(alice, make_run):
     )
     for max_points in (500, 8):
         response = alice.get(
-            f"/dashboard/runs/{run.pk}/chart", {"key": "eval/accuracy", "max_points": max_points}
+            f"/runs/{run.pk}/chart", {"key": "eval/accuracy", "max_points": max_points}
         )
         (trace,) = payload_traces(response)
         x, y = np.asarray(trace["x"]), np.asarray(trace["y"], dtype=float)
@@ -136,7 +136,7 @@ def test_compare_chart_overlays_runs_and_marks_collapse(alice, make_run):
         summary={"collapsed": True, "collapse_step": 25, "collapse_reason": "accuracy fell"},
     )
     response = alice.get(
-        "/dashboard/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy"}
+        "/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy"}
     )
     traces = payload_traces(response)
     names = [t["name"] for t in traces]
@@ -152,7 +152,7 @@ def test_compare_chart_draws_the_baseline_distinctly(alice, make_run):
     a = make_run(seed=0, records=records(10, reward__accuracy=lambda s: 0.5))
     b = make_run(seed=1, records=records(10, reward__accuracy=lambda s: 0.6))
     response = alice.get(
-        "/dashboard/compare/chart",
+        "/compare/chart",
         {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy", "baseline": b.pk},
     )
     traces = payload_traces(response)
@@ -170,7 +170,7 @@ def test_experiment_chart_mean_band_and_seed_lines(alice, make_run, experiment):
         )
     make_run(variant="none", seed=0, records=records(30, reward__accuracy=lambda s: 0.1))
     response = alice.get(
-        f"/dashboard/experiments/{experiment.pk}/chart", {"key": "reward/accuracy"}
+        f"/experiments/{experiment.pk}/chart", {"key": "reward/accuracy"}
     )
     traces = payload_traces(response)
     roles = [(t["meta"]["variant"], t["meta"]["role"]) for t in traces]
@@ -181,7 +181,7 @@ def test_experiment_chart_mean_band_and_seed_lines(alice, make_run, experiment):
     upper = next(t for t in traces if t["meta"] == {"variant": "r3", "role": "band_upper"})
     np.testing.assert_allclose(upper["y"], 0.4)
     std = alice.get(
-        f"/dashboard/experiments/{experiment.pk}/chart", {"key": "reward/accuracy", "band": "std"}
+        f"/experiments/{experiment.pk}/chart", {"key": "reward/accuracy", "band": "std"}
     )
     assert "1 std" in std.json()["figure"]["layout"]["title"]["text"]
 
@@ -192,7 +192,7 @@ def test_heatmap_bins_steps_and_keeps_distributions(alice, make_run):
         return [0.7 if e == hot else 0.1 for e in range(4)]
 
     run = make_run(records=records(1000, experts__load__L1=load))
-    response = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "max_points": 100})
+    response = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "max_points": 100})
     (trace,) = payload_traces(response)
     assert trace["type"] == "heatmap"
     assert trace["meta"] == {"layer": 1, "role": "expert_load"}
@@ -200,17 +200,17 @@ def test_heatmap_bins_steps_and_keeps_distributions(alice, make_run):
     assert z.shape == (4, 100)
     np.testing.assert_allclose(z.sum(axis=0), 1.0)
     zoomed = payload_traces(
-        alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "start": 10, "end": 19})
+        alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "start": 10, "end": 19})
     )[0]
     assert zoomed["x"].astype(int).tolist() == list(range(10, 20))
     np.testing.assert_allclose(zoomed["z"][:, 0], load(10))
-    empty = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 5}).json()
+    empty = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 5}).json()
     assert "no data yet" in empty["figure"]["layout"]["annotations"][0]["text"]
     shared = payload_traces(
-        alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "scale": "shared"})
+        alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "scale": "shared"})
     )[0]
     assert shared["zmax"] == 1.0  # 4 experts: 4 x 25%
-    bad = alice.get(f"/dashboard/runs/{run.pk}/heatmap", {"layer": 1, "scale": "log"})
+    bad = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "scale": "log"})
     assert bad.status_code == 400 and "scale" in bad.json()["errors"]
 
 
@@ -222,7 +222,7 @@ def test_status_endpoint_reports_progress_and_log_tail(alice, make_run, settings
     (run_dir / "trainer.log").write_text("step 1\nstep 2 <b>bold</b>\n")
     run.run_dir = str(run_dir)
     run.save(update_fields=["run_dir"])
-    body = alice.get(f"/dashboard/runs/{run.pk}/status").json()
+    body = alice.get(f"/runs/{run.pk}/status").json()
     assert body["status"] == "running" and body["running"] is True
     assert body["current_step"] == 5  # steps 0-4 stored
     assert body["placement"].endswith("attempt 0/3")
@@ -235,7 +235,7 @@ def test_log_outside_the_runs_folder_is_not_read(alice, make_run, settings, tmp_
     (tmp_path / "trainer.log").write_text("secret")
     run.run_dir = str(tmp_path)
     run.save(update_fields=["run_dir"])
-    assert alice.get(f"/dashboard/runs/{run.pk}/status").json()["log_tail"] is None
+    assert alice.get(f"/runs/{run.pk}/status").json()["log_tail"] is None
 
 
 @pytest.mark.parametrize(
@@ -251,18 +251,18 @@ def test_log_outside_the_runs_folder_is_not_read(alice, make_run, settings, tmp_
 )
 def test_bad_parameters_answer_400_naming_the_field(alice, make_run, query, field):
     run = make_run()
-    response = alice.get(f"/dashboard/runs/{run.pk}/chart", query)
+    response = alice.get(f"/runs/{run.pk}/chart", query)
     assert response.status_code == 400
     assert field in response.json()["errors"]
 
 
 def test_unknown_run_is_404(alice, db):
-    assert alice.get("/dashboard/runs/999/chart", {"key": "reward/accuracy"}).status_code == 404
+    assert alice.get("/runs/999/chart", {"key": "reward/accuracy"}).status_code == 404
 
 
 def test_run_without_metrics_draws_a_message(alice, make_run):
     run = make_run(status=RunStatus.QUEUED)
-    body = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
+    body = alice.get(f"/runs/{run.pk}/chart", {"key": "reward/accuracy"}).json()
     assert body["running"] is True
     assert "waiting for the first step" in body["figure"]["layout"]["annotations"][0]["text"]
 
@@ -274,35 +274,35 @@ def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
     runs = f"{long_run.pk},{other.pk}"
     keys = ["mismatch/kl_k3", "reward/accuracy"]
     response = alice.get(
-        "/dashboard/compare/charts", {"runs": runs, "keys": ",".join(keys), "max_points": 200}
+        "/compare/charts", {"runs": runs, "keys": ",".join(keys), "max_points": 200}
     )
     assert response.status_code == 200
     body = response.json()
     assert body["running"] is True and list(body["charts"]) == keys
     for key in keys:
         single = alice.get(
-            "/dashboard/compare/chart", {"runs": runs, "key": key, "max_points": 200}
+            "/compare/chart", {"runs": runs, "key": key, "max_points": 200}
         )
         assert body["charts"][key] == single.json()
     kl = body["charts"]["mismatch/kl_k3"]["figure"]["data"][0]
     assert len(plotly_array(kl["x"])) <= 200
     assert max(plotly_array(kl["y"])) == pytest.approx(SPIKE * KL_SHOWN)  # the spike survives
 
-    assert alice.get("/dashboard/compare/charts", {"runs": runs}).status_code == 400
-    bad = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a b"})
+    assert alice.get("/compare/charts", {"runs": runs}).status_code == 400
+    bad = alice.get("/compare/charts", {"runs": runs, "keys": "a b"})
     assert bad.status_code == 400 and "keys" in bad.json()["errors"]
-    zoomed = alice.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b", "start": 5})
+    zoomed = alice.get("/compare/charts", {"runs": runs, "keys": "a/b", "start": 5})
     assert zoomed.status_code == 400
-    assert client.get("/dashboard/compare/charts", {"runs": runs, "keys": "a/b"}).status_code == 401
+    assert client.get("/compare/charts", {"runs": runs, "keys": "a/b"}).status_code == 401
 
 
 def test_parameter_errors_keep_their_messages(alice, make_run):
     run = make_run()
-    url = f"/dashboard/runs/{run.pk}/chart"
+    url = f"/runs/{run.pk}/chart"
     missing = alice.get(url).json()["errors"]
     assert missing == {"key": ["give a metric key, e.g. key=mismatch/kl_k3"]}
     assert alice.get(url, {"key": "reward/accuracy", "start": "inf"}).json()["errors"] == {
         "start": ["start must be an integer"]
     }
-    bad_runs = alice.get("/dashboard/compare/chart", {"runs": "1,²", "key": "reward/accuracy"})
+    bad_runs = alice.get("/compare/chart", {"runs": "1,²", "key": "reward/accuracy"})
     assert bad_runs.json()["errors"] == {"runs": ["runs must be run ids separated by commas"]}

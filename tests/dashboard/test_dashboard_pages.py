@@ -13,27 +13,27 @@ from lab.runs.models import Run, RunStatus
 from tests.dashboard.conftest import records
 
 PAGES = [
-    "/dashboard/runs/",
-    "/dashboard/runs/{run}/",
-    "/dashboard/experiments/{experiment}/",
-    "/dashboard/compare/?runs={run}",
-    "/dashboard/comparisons/",
-    "/dashboard/stability/?runs={run}",
+    "/runs/",
+    "/runs/{run}/",
+    "/experiments/{experiment}/",
+    "/compare/?runs={run}",
+    "/comparisons/",
+    "/stability/?runs={run}",
 ]
 ENDPOINTS = [
-    "/dashboard/runs/{run}/chart?key=reward/accuracy",
-    "/dashboard/runs/{run}/heatmap?layer=0",
-    "/dashboard/runs/{run}/status",
-    "/dashboard/experiments/{experiment}/chart?key=reward/accuracy",
-    "/dashboard/compare/chart?runs={run}&key=reward/accuracy",
-    "/dashboard/stability/chart/survival?runs={run}",
-    "/dashboard/stability/table?runs={run}",
+    "/runs/{run}/chart?key=reward/accuracy",
+    "/runs/{run}/heatmap?layer=0",
+    "/runs/{run}/status",
+    "/experiments/{experiment}/chart?key=reward/accuracy",
+    "/compare/chart?runs={run}&key=reward/accuracy",
+    "/stability/chart/survival?runs={run}",
+    "/stability/table?runs={run}",
 ]
 POSTS = [
-    "/dashboard/runs/{run}/",
-    "/dashboard/runs/{run}/verdict",
-    "/dashboard/runs/{run}/pin",
-    "/dashboard/comparisons/save",
+    "/runs/{run}/",
+    "/runs/{run}/verdict",
+    "/runs/{run}/pin",
+    "/comparisons/save",
 ]
 
 
@@ -61,8 +61,8 @@ def test_review_actions_refuse_anonymous_users(client, make_run, url):
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
-def test_dashboard_root_redirects_to_runs(alice, db):
-    assert alice.get("/dashboard/")["Location"] == "/dashboard/runs/"
+def test_site_root_redirects_to_the_experiments(alice, db):
+    assert alice.get("/")["Location"] == "/experiments/"
 
 
 def test_login_page_renders(client, db):
@@ -80,20 +80,20 @@ def test_runs_list_filters_and_sorts(alice, make_run, user, other_user):
     a = make_run(seed=0, status=RunStatus.RUNNING)
     b = make_run(seed=1, owner=other_user, queue="gpu-a100")
     c = make_run(seed=2, experiment_=tagged)
-    assert _listed(alice.get("/dashboard/runs/")) == [c.pk, b.pk, a.pk]  # newest first
-    assert _listed(alice.get("/dashboard/runs/", {"sort": "oldest"})) == [a.pk, b.pk, c.pk]
-    assert _listed(alice.get("/dashboard/runs/", {"status": "running"})) == [a.pk]
-    assert _listed(alice.get("/dashboard/runs/", {"owner": "bob"})) == [b.pk]
-    assert _listed(alice.get("/dashboard/runs/", {"queue": "gpu-a100"})) == [b.pk]
-    assert _listed(alice.get("/dashboard/runs/", {"experiment": tagged.pk})) == [c.pk]
-    assert _listed(alice.get("/dashboard/runs/", {"tag": "study"})) == [c.pk]
-    page = alice.get("/dashboard/runs/").content.decode()
-    assert 'action="/dashboard/compare/"' in page and 'formaction="/dashboard/stability/"' in page
+    assert _listed(alice.get("/runs/")) == [c.pk, b.pk, a.pk]  # newest first
+    assert _listed(alice.get("/runs/", {"sort": "oldest"})) == [a.pk, b.pk, c.pk]
+    assert _listed(alice.get("/runs/", {"status": "running"})) == [a.pk]
+    assert _listed(alice.get("/runs/", {"owner": "bob"})) == [b.pk]
+    assert _listed(alice.get("/runs/", {"queue": "gpu-a100"})) == [b.pk]
+    assert _listed(alice.get("/runs/", {"experiment": tagged.pk})) == [c.pk]
+    assert _listed(alice.get("/runs/", {"tag": "study"})) == [c.pk]
+    page = alice.get("/runs/").content.decode()
+    assert 'action="/compare/"' in page and 'formaction="/stability/"' in page
     assert f'name="runs" value="{a.pk}"' in page
 
 
 def test_runs_list_rejects_a_malformed_filter(alice, db):
-    assert alice.get("/dashboard/runs/", {"experiment": "abc"}).status_code == 400
+    assert alice.get("/runs/", {"experiment": "abc"}).status_code == 400
 
 
 def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_path):
@@ -111,11 +111,11 @@ def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_pa
     run_dir.mkdir()
     (run_dir / "trainer.log").write_text("=== attempt 1\nstep 19 <ok>\n")
     Run.objects.filter(pk=run.pk).update(run_dir=str(run_dir))
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/runs/{run.pk}/").content.decode()
     assert "Collapsed at step 12: reward/accuracy fell below 50% of best" in page
     assert "step 19 &lt;ok&gt;" in page  # log tail, escaped
     assert "&quot;n_experts&quot;: 8" in page  # config
-    assert f'data-run-status="/dashboard/runs/{run.pk}/status"' in page
+    assert f'data-run-status="/runs/{run.pk}/status"' in page
     assert 'data-running="true"' in page
     for key in [
         "reward/accuracy",
@@ -140,7 +140,7 @@ def test_run_page_shows_everything_server_side(alice, make_run, settings, tmp_pa
 
 def test_dense_run_page_leaves_out_moe_charts(alice, make_run):
     run = make_run(preset="dense-grpo")
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/runs/{run.pk}/").content.decode()
     assert "key=mismatch%2Fkl_k3" in page
     assert "routing_inconsistency" not in page
     assert "data-layer-picker" not in page
@@ -150,7 +150,7 @@ def test_compare_page_diffs_only_differing_fields(alice, make_run):
     a = make_run(seed=0)
     b = make_run(seed=1, overrides={"stabilizers.replay.mode": "r3"})
     page = alice.get(
-        "/dashboard/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}
+        "/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}
     ).content.decode()
     diff = page.split('class="config-diff"')[1].split("</table>")[0]
     assert "<code>run.seed</code>" in diff
@@ -163,20 +163,20 @@ def test_compare_page_diffs_only_differing_fields(alice, make_run):
 
 
 def test_compare_page_without_runs_explains(alice, db):
-    assert b"No runs chosen" in alice.get("/dashboard/compare/").content
+    assert b"No runs chosen" in alice.get("/compare/").content
 
 
 def test_experiment_page_lists_variants_and_band_charts(alice, make_run, experiment):
     make_run(variant="r3", seed=0)
     make_run(variant="r3", seed=1)
     make_run(variant="none", seed=0)
-    page = alice.get(f"/dashboard/experiments/{experiment.pk}/", {"band": "std"}).content.decode()
+    page = alice.get(f"/experiments/{experiment.pk}/", {"band": "std"}).content.decode()
     assert "Experiment: replay vs none" in page
     assert (
-        f"/dashboard/experiments/{experiment.pk}/chart?key=reward%2Faccuracy&amp;band=std" in page
+        f"/experiments/{experiment.pk}/chart?key=reward%2Faccuracy&amp;band=std" in page
     )
     assert page.count('class="swatch"') == 2
-    assert f"/dashboard/stability/?experiment={experiment.pk}" in page
+    assert f"/stability/?experiment={experiment.pk}" in page
 
 
 def test_sweep_page_groups_grid_points(alice, user, experiment):
@@ -191,35 +191,35 @@ def test_sweep_page_groups_grid_points(alice, user, experiment):
     )
     for run in sweep.runs.all():
         ingest_metrics(run.pk, records(5, reward__accuracy=lambda s: 0.5))
-    page = alice.get(f"/dashboard/sweeps/{sweep.pk}/").content.decode()
+    page = alice.get(f"/sweeps/{sweep.pk}/").content.decode()
     assert "Sweep: replay sweep" in page
     assert "mode=none" in page and "mode=r3" in page
-    response = alice.get(f"/dashboard/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
+    response = alice.get(f"/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
     variants = {t["meta"]["variant"] for t in response.json()["figure"]["data"]}
     assert variants == {"mode=none", "mode=r3"}
 
 
 def test_run_page_is_the_one_run_page(alice, make_run):
     """Cancel/delete, clone, summary, config and comments live on the dashboard run page;
-    the platform's old run URL redirects here."""
+    the old /dashboard/ URL redirects here."""
     run = make_run(summary={"final_accuracy": 0.75})
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/runs/{run.pk}/").content.decode()
     assert f'href="/experiments/{run.experiment_id}/runs/new?clone={run.pk}"' in page
     assert f'action="/runs/{run.pk}/delete"' in page
     assert "<h2>Summary</h2>" in page and "<h2>Config</h2>" in page
-    assert 'id="comments"' in page and f'action="/dashboard/runs/{run.pk}/"' in page
-    moved = alice.get(f"/runs/{run.pk}/")
-    assert moved.status_code == 301 and moved["Location"] == f"/dashboard/runs/{run.pk}/"
+    assert 'id="comments"' in page and f'action="/runs/{run.pk}/"' in page
+    moved = alice.get(f"/dashboard/runs/{run.pk}/")
+    assert moved.status_code == 301 and moved["Location"] == f"/runs/{run.pk}/"
 
 
 def test_experiment_page_is_the_one_experiment_page(alice, make_run, experiment):
     run = make_run(summary={"final_accuracy": 0.75})
-    page = alice.get(f"/dashboard/experiments/{experiment.pk}/").content.decode()
+    page = alice.get(f"/experiments/{experiment.pk}/").content.decode()
     assert "New run" in page and "Sweep builder" in page and "0.750" in page
-    assert f'href="/dashboard/runs/{run.pk}/"' in page and 'id="comments"' in page
-    moved = alice.get(f"/experiments/{experiment.pk}/")
+    assert f'href="/runs/{run.pk}/"' in page and 'id="comments"' in page
+    moved = alice.get(f"/dashboard/experiments/{experiment.pk}/")
     assert moved.status_code == 301
-    assert moved["Location"] == f"/dashboard/experiments/{experiment.pk}/"
+    assert moved["Location"] == f"/experiments/{experiment.pk}/"
 
 
 def test_a_new_registry_entry_is_charted_with_no_other_change(alice, make_run, monkeypatch):
@@ -233,12 +233,12 @@ def test_a_new_registry_entry_is_charted_with_no_other_change(alice, make_run, m
     )
     monkeypatch.setitem(mk.METRIC_SPECS, spec.key, spec)
     run = make_run(records=records(5, router__aux_share=lambda s: 0.25))
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/runs/{run.pk}/").content.decode()
     section = page.split("<h2>Router extras</h2>")[1].split("</section>")[0]
     assert "key=router%2Faux_share" in section
     assert page.index("<h2>Router extras</h2>") > page.index("<h2>Gradients</h2>")
-    chart = alice.get(f"/dashboard/runs/{run.pk}/chart", {"key": spec.key}).json()["figure"]
+    chart = alice.get(f"/runs/{run.pk}/chart", {"key": spec.key}).json()["figure"]
     assert chart["layout"]["yaxis"]["title"]["text"] == "aux share of routed tokens"
     assert chart["layout"]["yaxis"]["tickformat"] == ".0%"
-    compare = alice.get("/dashboard/compare/", {"runs": run.pk}).content.decode()
+    compare = alice.get("/compare/", {"runs": run.pk}).content.decode()
     assert "key=router%2Faux_share" in compare

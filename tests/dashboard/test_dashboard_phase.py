@@ -18,8 +18,8 @@ def test_run_page_and_status_show_the_warm_start_with_its_eta(alice, make_run):
         "warm start (supervised base policy before RL step 0): SFT step 150/3000 · "
         "held-out accuracy 8% (target 20%) · ETA ~42 s"
     )
-    assert expected in alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
-    status = alice.get(f"/dashboard/runs/{run.pk}/status").json()
+    assert expected in alice.get(f"/runs/{run.pk}/").content.decode()
+    status = alice.get(f"/runs/{run.pk}/status").json()
     assert status["phase"] == "warmstart" and status["phase_text"] == expected
 
 
@@ -28,12 +28,12 @@ def test_run_page_says_when_the_cached_base_policy_was_used(alice, make_run):
     Run.objects.filter(pk=run.pk).update(
         phase="training", phase_progress={K.WARMSTART_ACCURACY: 0.27, K.WARMSTART_CACHED: True}
     )
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/runs/{run.pk}/").content.decode()
     assert "using cached base policy (held-out accuracy 27%)" in page
 
 
 def test_status_is_shown_once_on_the_run_page(alice, make_run):
     run = make_run(status=RunStatus.RUNNING)
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = alice.get(f"/runs/{run.pk}/").content.decode()
     assert page.count('data-field="status"') == 1
     assert page.count('data-field="progress"') == 1

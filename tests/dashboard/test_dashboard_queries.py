@@ -60,13 +60,13 @@ def _ids(ids: list[int]) -> str:
 @pytest.mark.parametrize(
     "url, query",
     [
-        ("/dashboard/compare/", {}),
-        ("/dashboard/compare/chart", {"key": "reward/accuracy"}),
-        ("/dashboard/compare/charts", {"keys": "reward/accuracy,mismatch/kl_k3,eval/accuracy"}),
-        ("/dashboard/stability/", {}),
-        ("/dashboard/stability/chart/collapse", {}),
-        ("/dashboard/stability/chart/survival", {}),
-        ("/dashboard/stability/table", {"format": "csv"}),
+        ("/compare/", {}),
+        ("/compare/chart", {"key": "reward/accuracy"}),
+        ("/compare/charts", {"keys": "reward/accuracy,mismatch/kl_k3,eval/accuracy"}),
+        ("/stability/", {}),
+        ("/stability/chart/collapse", {}),
+        ("/stability/chart/survival", {}),
+        ("/stability/table", {"format": "csv"}),
     ],
 )
 def test_run_set_views_do_not_grow_with_runs(
@@ -82,12 +82,12 @@ def test_run_set_views_do_not_grow_with_runs(
 def test_runs_list_does_not_grow_with_runs(alice, run_sets, django_assert_num_queries):
     small, large = run_sets
     # the small set's runs only (tag filter off, status filter on one run) vs all ten runs
-    few = _queries(alice, "/dashboard/runs/", {"status": "running"})
+    few = _queries(alice, "/runs/", {"status": "running"})
     with django_assert_num_queries(few):
-        response = alice.get("/dashboard/runs/")
+        response = alice.get("/runs/")
     assert response.content.count(b"data-run-id=") == len(small) + len(large)
     with django_assert_num_queries(few + 1):  # the tag filter reads the experiments' tags
-        alice.get("/dashboard/runs/", {"tag": "r3", "sort": "owner"})
+        alice.get("/runs/", {"tag": "r3", "sort": "owner"})
 
 
 def test_experiment_page_and_chart_do_not_grow_with_runs(
@@ -102,9 +102,9 @@ def test_experiment_page_and_chart_do_not_grow_with_runs(
             make_run(variant=f"v{i % 3}", seed=i, records=_metrics(i), experiment_=exp)
         counts.append(
             (
-                _queries(alice, f"/dashboard/experiments/{exp.pk}/", {}),
+                _queries(alice, f"/experiments/{exp.pk}/", {}),
                 _queries(
-                    alice, f"/dashboard/experiments/{exp.pk}/chart", {"key": "reward/accuracy"}
+                    alice, f"/experiments/{exp.pk}/chart", {"key": "reward/accuracy"}
                 ),
             )
         )
@@ -115,7 +115,7 @@ def test_one_metrics_query_per_run_set(alice, run_sets):
     """The compare chart reads every run's series in one SELECT on the metric table."""
     _, large = run_sets
     with CaptureQueriesContext(connection) as ctx:
-        alice.get("/dashboard/compare/chart", {"runs": _ids(large), "key": "mismatch/kl_k3"})
+        alice.get("/compare/chart", {"runs": _ids(large), "key": "mismatch/kl_k3"})
     metric_reads = [q["sql"] for q in ctx.captured_queries if "runs_metricstep" in q["sql"]]
     assert len(metric_reads) == 1
 
@@ -125,7 +125,7 @@ def test_compare_chart_group_reads_all_its_metrics_in_one_query(alice, run_sets)
     _, large = run_sets
     keys = "reward/accuracy,mismatch/kl_k3,mismatch/kl_k1,eval/accuracy"
     with CaptureQueriesContext(connection) as ctx:
-        response = alice.get("/dashboard/compare/charts", {"runs": _ids(large), "keys": keys})
+        response = alice.get("/compare/charts", {"runs": _ids(large), "keys": keys})
     assert response.status_code == 200
     assert list(response.json()["charts"]) == keys.split(",")
     metric_reads = [q["sql"] for q in ctx.captured_queries if "runs_metricstep" in q["sql"]]

@@ -18,19 +18,19 @@ XSS_ESCAPED = b"&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;<br>second line
 def test_run_comment_is_rendered_escaped(alice, client_for, other_user, make_run):
     run = make_run()
     bob = client_for(other_user)  # anyone logged in may comment
-    response = bob.post(f"/dashboard/runs/{run.pk}/", {"body": XSS})
+    response = bob.post(f"/runs/{run.pk}/", {"body": XSS})
     assert response.status_code == 302
-    assert response["Location"] == f"/dashboard/runs/{run.pk}/#comments"
+    assert response["Location"] == f"/runs/{run.pk}/#comments"
     comment = Comment.objects.get(run=run)
     assert comment.author == other_user and comment.body == XSS.strip()
-    page = alice.get(f"/dashboard/runs/{run.pk}/").content
+    page = alice.get(f"/runs/{run.pk}/").content
     assert XSS_ESCAPED in page
     assert b'<script>alert("x")' not in page
 
 
 def test_empty_comment_is_refused(alice, make_run):
     run = make_run()
-    response = alice.post(f"/dashboard/runs/{run.pk}/", {"body": "   "}, follow=True)
+    response = alice.post(f"/runs/{run.pk}/", {"body": "   "}, follow=True)
     assert b"a comment cannot be empty" in response.content
     assert not Comment.objects.exists()
 
@@ -41,28 +41,28 @@ def test_verdicts_latest_wins_and_only_author_or_staff_withdraw(
     run = make_run()
     share(run.experiment, other_user)  # bob is on alice's team
     bob = client_for(other_user)
-    assert alice.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
+    assert alice.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
     assert (
         bob.post(
-            f"/dashboard/runs/{run.pk}/verdict", {"label": "needs_rerun", "note": "seed 2?"}
+            f"/runs/{run.pk}/verdict", {"label": "needs_rerun", "note": "seed 2?"}
         ).status_code
         == 302
     )
     assert [v.label for v in Verdict.objects.filter(run=run)] == ["needs_rerun", "stable"]
-    listing = alice.get("/dashboard/runs/").content.decode()
+    listing = alice.get("/runs/").content.decode()
     assert 'class="verdict verdict-needs_rerun"' in listing
     assert "needs rerun" in listing
 
-    alice.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "exploded"})
+    alice.post(f"/runs/{run.pk}/verdict", {"label": "exploded"})
     assert Verdict.objects.filter(run=run).count() == 2  # unknown label stored nothing
 
     bobs = Verdict.objects.get(run=run, author=other_user)
-    assert alice.post(f"/dashboard/verdicts/{bobs.pk}/withdraw").status_code == 403
+    assert alice.post(f"/verdicts/{bobs.pk}/withdraw").status_code == 403
     assert Verdict.objects.filter(pk=bobs.pk).exists()
-    assert bob.post(f"/dashboard/verdicts/{bobs.pk}/withdraw").status_code == 302
+    assert bob.post(f"/verdicts/{bobs.pk}/withdraw").status_code == 302
     alices = Verdict.objects.get(run=run, author=user)
     assert (
-        client_for(staff_user).post(f"/dashboard/verdicts/{alices.pk}/withdraw").status_code == 302
+        client_for(staff_user).post(f"/verdicts/{alices.pk}/withdraw").status_code == 302
     )
     assert not Verdict.objects.filter(run=run).exists()
 
@@ -81,27 +81,27 @@ def two_runs(make_run):
 def test_saved_comparison_has_a_shareable_url(alice, client_for, other_user, two_runs):
     a, b = two_runs
     response = alice.post(
-        "/dashboard/comparisons/save",
+        "/comparisons/save",
         {"name": "r3 vs none", "runs": f"{a.pk},{b.pk}", "baseline": a.pk},
     )
     saved = SavedComparison.objects.get()
-    assert response["Location"] == f"/dashboard/comparisons/{saved.pk}/"
+    assert response["Location"] == f"/comparisons/{saved.pk}/"
     assert saved.run_ids == [a.pk, b.pk] and saved.baseline_id == a.pk
     # a teammate opens the shared URL and sees the same runs, baseline and config diff
-    page = client_for(other_user).get(f"/dashboard/comparisons/{saved.pk}/").content.decode()
+    page = client_for(other_user).get(f"/comparisons/{saved.pk}/").content.decode()
     assert "Comparison: r3 vs none" in page
     assert f"baseline={a.pk}" in page
     assert "stabilizers.replay.mode" in page
     assert "Delete this comparison" not in page  # bob is not the owner
-    assert "r3 vs none" in alice.get("/dashboard/comparisons/").content.decode()
+    assert "r3 vs none" in alice.get("/comparisons/").content.decode()
 
 
 def test_saved_comparison_refuses_bad_input(alice, two_runs):
     a, b = two_runs
-    alice.post("/dashboard/comparisons/save", {"name": "", "runs": f"{a.pk}"})
-    alice.post("/dashboard/comparisons/save", {"name": "x", "runs": f"{a.pk},999"})
+    alice.post("/comparisons/save", {"name": "", "runs": f"{a.pk}"})
+    alice.post("/comparisons/save", {"name": "x", "runs": f"{a.pk},999"})
     response = alice.post(
-        "/dashboard/comparisons/save",
+        "/comparisons/save",
         {"name": "x", "runs": f"{a.pk}", "baseline": b.pk},
         follow=True,
     )
@@ -118,12 +118,12 @@ def test_only_owner_or_staff_delete_a_saved_comparison(
     first = services.save_comparison(owner=user, name="one", run_ids=[a.pk, b.pk])
     second = services.save_comparison(owner=user, name="two", run_ids=[a.pk])
     assert (
-        client_for(other_user).post(f"/dashboard/comparisons/{first.pk}/delete").status_code == 403
+        client_for(other_user).post(f"/comparisons/{first.pk}/delete").status_code == 403
     )
     assert SavedComparison.objects.filter(pk=first.pk).exists()
-    assert alice.post(f"/dashboard/comparisons/{first.pk}/delete").status_code == 302
+    assert alice.post(f"/comparisons/{first.pk}/delete").status_code == 302
     assert (
-        client_for(staff_user).post(f"/dashboard/comparisons/{second.pk}/delete").status_code == 302
+        client_for(staff_user).post(f"/comparisons/{second.pk}/delete").status_code == 302
     )
     assert not SavedComparison.objects.exists()
 
@@ -136,22 +136,22 @@ def test_anyone_comments_on_a_saved_comparison_escaped(
     a, b = two_runs
     saved = services.save_comparison(owner=user, name="one", run_ids=[a.pk, b.pk])
     response = client_for(other_user).post(
-        f"/dashboard/comparisons/{saved.pk}/comment", {"body": XSS}
+        f"/comparisons/{saved.pk}/comment", {"body": XSS}
     )
-    assert response["Location"] == f"/dashboard/comparisons/{saved.pk}/#comments"
+    assert response["Location"] == f"/comparisons/{saved.pk}/#comments"
     assert ComparisonComment.objects.get().author == other_user
-    page = alice.get(f"/dashboard/comparisons/{saved.pk}/").content
+    page = alice.get(f"/comparisons/{saved.pk}/").content
     assert XSS_ESCAPED in page and b'<script>alert("x")' not in page
 
 
 def test_pinned_baseline_is_drawn_on_the_other_runs_charts(alice, two_runs):
     a, b = two_runs
-    assert alice.post(f"/dashboard/runs/{a.pk}/pin").status_code == 302
+    assert alice.post(f"/runs/{a.pk}/pin").status_code == 302
     assert BaselinePin.objects.get().run == a
-    page = alice.get(f"/dashboard/runs/{b.pk}/").content.decode()
+    page = alice.get(f"/runs/{b.pk}/").content.decode()
     assert f"baseline={a.pk}" in page
     assert "Charts are drawn against" in page
-    traces = payload_traces(alice.get(f"/dashboard/runs/{b.pk}/chart", {"key": "reward/accuracy"}))
+    traces = payload_traces(alice.get(f"/runs/{b.pk}/chart", {"key": "reward/accuracy"}))
     assert [t["meta"]["role"] for t in traces] == ["baseline", "run"]
     assert traces[0]["name"] == f"#{a.pk} none s0 (baseline)"
     # ?baseline=0 hides it for this view; the baseline's own page draws no baseline
@@ -159,17 +159,17 @@ def test_pinned_baseline_is_drawn_on_the_other_runs_charts(alice, two_runs):
         len(
             payload_traces(
                 alice.get(
-                    f"/dashboard/runs/{b.pk}/chart", {"key": "reward/accuracy", "baseline": 0}
+                    f"/runs/{b.pk}/chart", {"key": "reward/accuracy", "baseline": 0}
                 )
             )
         )
         == 1
     )
     assert (
-        len(payload_traces(alice.get(f"/dashboard/runs/{a.pk}/chart", {"key": "reward/accuracy"})))
+        len(payload_traces(alice.get(f"/runs/{a.pk}/chart", {"key": "reward/accuracy"})))
         == 1
     )
-    alice.post(f"/dashboard/experiments/{a.experiment_id}/unpin")
+    alice.post(f"/experiments/{a.experiment_id}/unpin")
     assert not BaselinePin.objects.exists()
 
 
@@ -177,12 +177,12 @@ def test_review_posts_need_the_csrf_token(user, make_run):
     run = make_run()
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
-    assert client.post(f"/dashboard/runs/{run.pk}/", {"body": "hi"}).status_code == 403
-    assert client.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 403
+    assert client.post(f"/runs/{run.pk}/", {"body": "hi"}).status_code == 403
+    assert client.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 403
     assert not Comment.objects.exists() and not Verdict.objects.exists()
 
 
 def test_review_actions_are_post_only(alice, make_run):
     run = make_run()
-    assert alice.get(f"/dashboard/runs/{run.pk}/verdict").status_code == 405
-    assert alice.get(f"/dashboard/runs/{run.pk}/pin").status_code == 405
+    assert alice.get(f"/runs/{run.pk}/verdict").status_code == 405
+    assert alice.get(f"/runs/{run.pk}/pin").status_code == 405

@@ -39,13 +39,13 @@ def test_a_cancelled_run_moves_neither_the_seed_count_nor_the_bound(
     alice, variant_with_a_cancelled_seed
 ):
     ids, runs = variant_with_a_cancelled_seed
-    row = alice.get("/dashboard/stability/table", {"runs": ids}).json()["rows"][0]
+    row = alice.get("/stability/table", {"runs": ids}).json()["rows"][0]
     assert row["runs"] == 2
     assert row["collapse_step"] == "85" and row["collapse_step_is_lower_bound"] is False
-    html = alice.get("/dashboard/stability/", {"runs": ids}).content.decode()
+    html = alice.get("/stability/", {"runs": ids}).content.decode()
     assert "Cancelled and failed runs are not seeds of their variant" in html
     assert f"#{runs[2].pk} (cancelled)" in html and "not a seed (cancelled)" in html
-    survival = payload_traces(alice.get("/dashboard/stability/chart/survival", {"runs": ids}))
+    survival = payload_traces(alice.get("/stability/chart/survival", {"runs": ids}))
     curve = next(t for t in survival if t["meta"]["role"] == "survival")
     assert curve["x"].tolist() == [0, 80, 90]
 
@@ -54,20 +54,20 @@ def test_the_switch_includes_stopped_runs_censored_at_their_last_step(
     alice, variant_with_a_cancelled_seed
 ):
     ids, _ = variant_with_a_cancelled_seed
-    html = alice.get("/dashboard/stability/", {"runs": ids}).content.decode()
-    assert f"/dashboard/stability/?runs={ids.replace(',', '%2C')}&amp;stopped=1" in html
-    with_stopped = alice.get("/dashboard/stability/", {"runs": ids, "stopped": "1"})
+    html = alice.get("/stability/", {"runs": ids}).content.decode()
+    assert f"/stability/?runs={ids.replace(',', '%2C')}&amp;stopped=1" in html
+    with_stopped = alice.get("/stability/", {"runs": ids, "stopped": "1"})
     page = with_stopped.content.decode()
     assert "included as seeds, censored at their last step" in page
     # The page's downloads carry the switch, so they export what the page shows.
     assert "format=csv&amp;stopped=1" in page or "stopped=1&amp;format=csv" in page
     table = alice.get(
-        "/dashboard/stability/table", {"runs": ids, "stopped": "1", "format": "csv"}
+        "/stability/table", {"runs": ids, "stopped": "1", "format": "csv"}
     ).content.decode()
     row = next(csv.DictReader(io.StringIO(table)))
     assert row["runs"] == "3" and row["collapse_step"] == ">= 67"  # (80 + 90 + 31) / 3
     survival = payload_traces(
-        alice.get("/dashboard/stability/chart/survival", {"runs": ids, "stopped": "1"})
+        alice.get("/stability/chart/survival", {"runs": ids, "stopped": "1"})
     )
     censored = next(t for t in survival if t["meta"]["role"] == "censored")
     assert censored["x"].tolist() == [31]
@@ -75,5 +75,5 @@ def test_the_switch_includes_stopped_runs_censored_at_their_last_step(
 
 def test_a_bad_switch_value_is_a_400_naming_it(alice, variant_with_a_cancelled_seed):
     ids, _ = variant_with_a_cancelled_seed
-    response = alice.get("/dashboard/stability/table", {"runs": ids, "stopped": "maybe"})
+    response = alice.get("/stability/table", {"runs": ids, "stopped": "maybe"})
     assert response.status_code == 400 and "stopped" in response.content.decode()

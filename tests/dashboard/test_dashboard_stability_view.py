@@ -51,7 +51,7 @@ def _table(html: str) -> list[list[str]]:
 
 def test_stability_table_per_variant_with_censoring(alice, study):
     ids, runs = study
-    response = alice.get("/dashboard/stability/", {"runs": ids})
+    response = alice.get("/stability/", {"runs": ids})
     assert response.status_code == 200
     html = response.content.decode()
     rows = {cells[0]: cells for cells in _table(html)}
@@ -72,20 +72,20 @@ def test_stability_table_per_variant_with_censoring(alice, study):
     assert f"#{runs[-1].pk}" in html.split("Not in the table")[1]
     assert "&gt;= 99 (censored)" in html  # per-run table
     assert (
-        "/dashboard/stability/chart/survival?runs=" in html
-        and "/dashboard/stability/chart/collapse?runs=" in html
+        "/stability/chart/survival?runs=" in html
+        and "/stability/chart/collapse?runs=" in html
     )
 
 
 def test_stability_table_downloads(alice, study):
     ids, _ = study
-    data = alice.get("/dashboard/stability/table", {"runs": ids}).json()["rows"]
+    data = alice.get("/stability/table", {"runs": ids}).json()["rows"]
     none = next(r for r in data if r["variant"] == "none")
     assert none["collapse_step"] == ">= 66"
     assert none["collapse_step_is_lower_bound"] is True
     assert none["collapse_step_mean"] == pytest.approx((40 + 60 + 99) / 3)
     assert none["kl_k3_x1e3"] == pytest.approx(2.0)
-    response = alice.get("/dashboard/stability/table", {"runs": ids, "format": "csv"})
+    response = alice.get("/stability/table", {"runs": ids, "format": "csv"})
     assert response["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert [r["variant"] for r in rows] == ["none", "r3", "tis"]
@@ -95,15 +95,15 @@ def test_stability_table_downloads(alice, study):
 def test_stability_of_a_whole_experiment(alice, study, experiment):
     ids, _ = study
     by_experiment = alice.get(
-        "/dashboard/stability/", {"experiment": experiment.pk}
+        "/stability/", {"experiment": experiment.pk}
     ).content.decode()
-    by_runs = alice.get("/dashboard/stability/", {"runs": ids}).content.decode()
+    by_runs = alice.get("/stability/", {"runs": ids}).content.decode()
     assert _table(by_experiment) == _table(by_runs)
 
 
 def test_survival_curve_is_kaplan_meier(alice, study):
     ids, _ = study
-    traces = payload_traces(alice.get("/dashboard/stability/chart/survival", {"runs": ids}))
+    traces = payload_traces(alice.get("/stability/chart/survival", {"runs": ids}))
     none = next(t for t in traces if t["meta"] == {"variant": "none", "role": "survival"})
     assert none["x"].tolist() == [0, 40, 60, 99]
     assert none["y"] == pytest.approx([1, 2 / 3, 1 / 3, 1 / 3])
@@ -116,7 +116,7 @@ def test_survival_curve_is_kaplan_meier(alice, study):
 
 def test_collapse_strip_labels_censored_seeds(alice, study):
     ids, _ = study
-    response = alice.get("/dashboard/stability/chart/collapse", {"runs": ids})
+    response = alice.get("/stability/chart/collapse", {"runs": ids})
     data = response.json()["figure"]["data"]
     censored = next(
         t for t in data if t["meta"]["variant"] == "none" and t["meta"]["role"] == "censored"
@@ -128,7 +128,7 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
         csv.DictReader(
             io.StringIO(
                 alice.get(
-                    "/dashboard/stability/chart/collapse", {"runs": ids, "format": "csv"}
+                    "/stability/chart/collapse", {"runs": ids, "format": "csv"}
                 ).content.decode()
             )
         )
@@ -137,8 +137,8 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
 
 
 def test_stability_page_without_runs_offers_experiments(alice, experiment):
-    html = alice.get("/dashboard/stability/").content.decode()
-    assert f"/dashboard/stability/?experiment={experiment.pk}" in html
+    html = alice.get("/stability/").content.decode()
+    assert f"/stability/?experiment={experiment.pk}" in html
 
 
 def test_repeated_runs_parameter_reaches_every_consumer(alice, study):
@@ -147,17 +147,17 @@ def test_repeated_runs_parameter_reaches_every_consumer(alice, study):
     _, runs = study
     chosen = [runs[0].pk, runs[3].pk, runs[5].pk]  # variants none, r3, tis
     query = "&".join(f"runs={pk}" for pk in chosen)
-    html = alice.get(f"/dashboard/stability/?{query}").content.decode()
+    html = alice.get(f"/stability/?{query}").content.decode()
     assert {cells[0] for cells in _table(html)} == {"none", "r3", "tis"}
     joined = "%2C".join(map(str, chosen))
-    links = re.findall(r'"(/dashboard/stability/(?:chart|table)[^"]*)"', html)
+    links = re.findall(r'"(/stability/(?:chart|table)[^"]*)"', html)
     assert len(links) >= 4  # two charts, CSV and JSON
     assert all(f"runs={joined}" in link for link in links), links
-    table = alice.get(f"/dashboard/stability/table?{query}&format=csv").content.decode()
+    table = alice.get(f"/stability/table?{query}&format=csv").content.decode()
     assert {row["variant"] for row in csv.DictReader(io.StringIO(table))} == {"none", "r3", "tis"}
-    rows = alice.get(f"/dashboard/stability/table?{query}").json()["rows"]
+    rows = alice.get(f"/stability/table?{query}").json()["rows"]
     assert len(rows) == 3
-    survival = alice.get(f"/dashboard/stability/chart/survival?{query}").json()
+    survival = alice.get(f"/stability/chart/survival?{query}").json()
     names = " ".join(t.get("name") or "" for t in survival["figure"]["data"])
     assert all(variant in names for variant in ("none", "r3", "tis")), names
 
@@ -170,7 +170,7 @@ def test_stability_page_shows_log_rank_median_ci_and_the_dose_chart(alice, make_
         _run(make_run, "moe-grpo-fp32", 1, kl=1e-9),
     ]
     ids = ",".join(str(r.pk) for r in runs)
-    html = alice.get("/dashboard/stability/", {"runs": ids}).content.decode()
+    html = alice.get("/stability/", {"runs": ids}).content.decode()
     body = html.split('class="survival-stats"')[1].split("</table>")[0]
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in body.split("</tr>") if "<td>" in row]
     # no moe-grpo variant: the first one is the reference
@@ -178,8 +178,8 @@ def test_stability_page_shows_log_rank_median_ci_and_the_dose_chart(alice, make_
     # fp32: both censored at 99. Log-rank vs fp8 (events 40, 60): t=40 n=2+2, E=.5, V=.25;
     # t=60 n=2+1, E=2/3, V=2/9; O=0: chi2 = (7/6)^2 / (17/36) = 2.882, p = erfc(1.2004)
     assert rows[1][:4] == ["moe-grpo-fp32", "0/2", "not reached (&gt; 99)", "0.0896"]
-    assert "/dashboard/stability/chart/dose?runs=" in html
-    chart = alice.get("/dashboard/stability/chart/dose", {"runs": ids})
+    assert "/stability/chart/dose?runs=" in html
+    chart = alice.get("/stability/chart/dose", {"runs": ids})
     assert chart.status_code == 200
     (trace,) = chart.json()["figure"]["data"]  # categorical x: read it raw
     assert trace["x"] == ["fp32", "fp8"] and trace["text"] == ["0/2", "2/2"]

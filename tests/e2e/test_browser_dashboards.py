@@ -115,7 +115,7 @@ def _log_in(page: Page) -> None:
 def test_login_required_then_back_to_the_page(study, guard):
     page = guard.new_page()
     ids = ",".join(str(r.pk) for r in study["runs"]["r3"])
-    page.goto(f"{study['url']}/dashboard/compare/?runs={ids}")
+    page.goto(f"{study['url']}/compare/?runs={ids}")
     expect(page).to_have_url(re.compile(r"/accounts/login/\?next="))
     _log_in(page)
     expect(page.get_by_role("heading", name="Compare runs")).to_be_visible()
@@ -127,7 +127,7 @@ def test_run_page_keeps_the_spike_zooms_at_full_resolution_and_picks_a_layer(
 ):
     page = guard.new_page()
     spiked = study["runs"]["r3"][0]
-    page.goto(f"{study['url']}/dashboard/runs/{spiked.pk}/")
+    page.goto(f"{study['url']}/runs/{spiked.pk}/")
     _log_in(page)
     wait_all_charts_drawn(page)
     page.locator(".chart-section").first.scroll_into_view_if_needed()
@@ -165,7 +165,7 @@ def test_run_page_keeps_the_spike_zooms_at_full_resolution_and_picks_a_layer(
 
 def test_runs_list_compare_stability_and_experiment_pages(study, guard, screenshots):
     page = guard.new_page()
-    page.goto(f"{study['url']}/dashboard/runs/")
+    page.goto(f"{study['url']}/runs/")
     _log_in(page)
     expect(page.locator("table.runs tbody tr")).to_have_count(6)
     expect(page.locator("table.runs .verdict-collapsed")).to_have_count(1)
@@ -185,7 +185,7 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
     page.locator(".heatmap-row").scroll_into_view_if_needed()
     screenshots.take(page, "compare-heatmaps")
 
-    page.goto(f"{study['url']}/dashboard/stability/?experiment={study['experiment'].pk}")
+    page.goto(f"{study['url']}/stability/?experiment={study['experiment'].pk}")
     wait_all_charts_drawn(page)
     rows = page.locator("table.stability tbody tr")
     expect(rows).to_have_count(2)
@@ -197,7 +197,7 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
     # the platform's old experiment address lands on the one experiment page
     experiment_id = study["experiment"].pk
     page.goto(f"{study['url']}/experiments/{experiment_id}/")
-    expect(page).to_have_url(re.compile(rf"/dashboard/experiments/{experiment_id}/$"))
+    expect(page).to_have_url(re.compile(rf"/experiments/{experiment_id}/$"))
     wait_all_charts_drawn(page)
     expect(page.get_by_role("button", name="New run")).to_be_visible()
     expect(page.get_by_role("button", name="Sweep builder")).to_be_visible()
@@ -208,7 +208,7 @@ def test_runs_list_compare_stability_and_experiment_pages(study, guard, screensh
 
 def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
     page = guard.new_page()
-    page.goto(f"{study['url']}/dashboard/runs/{study['runs']['r3'][0].pk}/")
+    page.goto(f"{study['url']}/runs/{study['runs']['r3'][0].pk}/")
     _log_in(page)
     wait_all_charts_drawn(page)
     held_out = page.locator(
@@ -247,7 +247,7 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     ingest_metrics(run.pk, [_record(s, seed=0, collapse_at=None, spike=False)
                                          for s in range(20)])  # fmt: skip
     page = guard.new_page()
-    page.goto(f"{study['url']}/dashboard/runs/{run.pk}/")
+    page.goto(f"{study['url']}/runs/{run.pk}/")
     _log_in(page)
     placement = page.locator(".card [data-field=placement]")
     expect(placement).to_contain_text(f"position 1 in {run.queue}")
@@ -284,10 +284,10 @@ def test_compare_page_fetches_its_metric_charts_as_one_group(study, guard):
     chart_requests: list[str] = []
     page.on(
         "request",
-        lambda r: chart_requests.append(r.url) if "/dashboard/compare/chart" in r.url else None,
+        lambda r: chart_requests.append(r.url) if "/compare/chart" in r.url else None,
     )
     ids = ",".join(str(r.pk) for r in study["runs"]["none"] + study["runs"]["r3"])
-    page.goto(f"{study['url']}/dashboard/compare/?runs={ids}")
+    page.goto(f"{study['url']}/compare/?runs={ids}")
     _log_in(page)
     wait_all_charts_drawn(page)
     grouped = page.locator("[data-live-group] [data-live-chart]")

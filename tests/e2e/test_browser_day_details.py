@@ -75,7 +75,7 @@ def _chart(page: Page, key: str):
 def test_charts_read_right(guard, lab):
     run = _finished_dense_run(lab)
     page = guard.new_page()
-    _log_in(page, lab["url"], f"/dashboard/runs/{run.pk}/")
+    _log_in(page, lab["url"], f"/runs/{run.pk}/")
     wait_all_charts_drawn(page)
 
     # A share between 0.1% and 1.2%: every percent tick is a different label.
@@ -106,7 +106,7 @@ def test_a_queued_run_shows_waiting_cards_not_empty_axes(guard, lab):
         owner=lab["user"], experiment=lab["experiment"], preset="moe-grpo", queue="cpu"
     )
     page = guard.new_page()
-    _log_in(page, lab["url"], f"/dashboard/runs/{run.pk}/")
+    _log_in(page, lab["url"], f"/runs/{run.pk}/")
     wait_all_charts_drawn(page)
     charts = page.locator("[data-live-chart]")
     assert charts.count() > 3
@@ -138,7 +138,7 @@ def test_waiting_on_an_unserved_queue_and_cancelling_in_bulk(guard, lab):
         "No live worker serves gpu-a100"
     )
 
-    page.goto(f"{lab['url']}/dashboard/runs/")
+    page.goto(f"{lab['url']}/runs/")
     for run in singles[:2]:
         page.get_by_label(f"select run {run.pk}").check()
     asked: list[str] = []
@@ -163,7 +163,7 @@ def test_no_missing_favicon_and_api_docs_in_the_browser(guard, lab):
     page = guard.new_page()
     failed: list[str] = []
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-    _log_in(page, lab["url"], "/dashboard/runs/")
+    _log_in(page, lab["url"], "/runs/")
     for path in ("/", "/experiments/", "/queue/", "/workers/"):
         page.goto(f"{lab['url']}{path}")
         page.wait_for_load_state("networkidle")

@@ -87,7 +87,7 @@ def _field(page: Page, path: str):
 def _queue_run_through_the_form(page: Page, lab, shots) -> int:
     page.get_by_role("link", name=lab.experiment["name"]).click()
     # the one experiment page (the dashboard's) carries the platform's actions
-    expect(page).to_have_url(re.compile(rf"/dashboard/experiments/{lab.experiment['id']}/$"))
+    expect(page).to_have_url(re.compile(rf"/experiments/{lab.experiment['id']}/$"))
     page.get_by_role("button", name="New run").click()
     expect(page.get_by_role("heading", name=re.compile("New run in"))).to_be_visible()
     page.locator('#run-form input[name="variant"]').fill("none")
@@ -108,7 +108,7 @@ def _queue_run_through_the_form(page: Page, lab, shots) -> int:
     page.get_by_role("button", name="Queue run", exact=True).click()
     queued = page.locator(".messages li", has_text=re.compile(r"Run \d+ queued on"))
     expect(queued).to_be_visible()
-    expect(page).to_have_url(re.compile(r"/dashboard/runs/\d+/$"))  # the one run page
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))  # the one run page
     return int(re.search(r"/runs/(\d+)/", page.url).group(1))
 
 
@@ -117,7 +117,7 @@ def _watch_live_until_done(page: Page, lab, run_id: int, shots) -> None:
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
     shots.take(page, "runs-list-live")
     page.get_by_role("link", name=f"#{run_id}", exact=True).click()
-    expect(page).to_have_url(re.compile(rf"/dashboard/runs/{run_id}/$"))
+    expect(page).to_have_url(re.compile(rf"/runs/{run_id}/$"))
     page.evaluate("window.__samePage = true")  # gone if the page reloads
 
     status = page.locator('[data-field="status"]')

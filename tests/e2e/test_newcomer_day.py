@@ -232,7 +232,7 @@ def test_a_newcomers_day(lab, guard, screenshots):
     screenshots.take(page, "first-run-done")
 
     cached = _cache_hit_run(lab)
-    page.goto(f"{lab.url}/dashboard/runs/{cached}/")
+    page.goto(f"{lab.url}/runs/{cached}/")
     expect(page.locator('[data-field="phase"]')).to_contain_text("using cached base policy")
 
     cancelled = _cancel_a_long_run_from_the_list(page, lab)

@@ -143,14 +143,14 @@ def test_run_and_compare_pages_show_model_family_params_and_data(user, experimen
     builtin = submit_run(owner=user, experiment=experiment, preset="moe-grpo")
     client = Client()
     client.force_login(user)
-    page = client.get(f"/dashboard/runs/{imported.pk}/").content.decode()
+    page = client.get(f"/runs/{imported.pk}/").content.decode()
     assert "family qwen3_moe" in page
     assert "wp (" in page and "numeric verifier" in page
     total, active = f"{model.total_params / 1e3:.1f}K", f"{model.active_params / 1e3:.1f}K"
     assert f"{total} parameters, {active} active" in page
-    other = client.get(f"/dashboard/runs/{builtin.pk}/").content.decode()
+    other = client.get(f"/runs/{builtin.pk}/").content.decode()
     assert "family builtin" in other and "built-in task arithmetic" in other
-    compare = client.get(f"/dashboard/compare/?runs={imported.pk},{builtin.pk}")
+    compare = client.get(f"/compare/?runs={imported.pk},{builtin.pk}")
     assert compare.status_code == 200
     text = compare.content.decode()
     assert "qwen3_moe" in text and "builtin" in text
@@ -210,14 +210,14 @@ def test_a_finished_run_with_a_checkpoint_offers_the_export(user, experiment, tm
     client.force_login(user)
     assert (
         "Export as a Hugging Face checkpoint"
-        not in client.get(f"/dashboard/runs/{run.pk}/").content.decode()
+        not in client.get(f"/runs/{run.pk}/").content.decode()
     )  # queued: nothing to export yet
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"")
     Run.objects.filter(pk=run.pk).update(
         status="succeeded", run_dir=str(tmp_path), summary={"steps": 50}
     )
-    page = client.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "Export as a Hugging Face checkpoint" in page
     assert f"python -m trainer export {tmp_path} --step 50 --out run-{run.pk:06d}-step50-hf" in page
 

@@ -68,7 +68,7 @@ def test_nul_in_browser_forms_is_an_inline_error(browser, user, experiment):
     page = browser.post("/experiments/", {"name": "bad\x00name"})
     assert page.status_code == 200 and "U+0000" in page.content.decode()
     run = submit_tiny_run(user, experiment)
-    url = f"/dashboard/runs/{run.pk}/"
+    url = f"/runs/{run.pk}/"
     assert browser.post(url, {"body": "a\x00b"}).status_code == 302  # shown as a message
     assert "U+0000" in browser.get(url).content.decode()
     assert not Comment.objects.exists()
@@ -82,7 +82,7 @@ def test_nul_in_browser_forms_is_an_inline_error(browser, user, experiment):
 
 @pytest.mark.parametrize("param", ["owner", "queue", "tag", "status"])
 def test_nul_in_a_filter_is_a_400_naming_it(browser, api, param):
-    page = browser.get("/dashboard/runs/", {param: "a\x00"})
+    page = browser.get("/runs/", {param: "a\x00"})
     assert page.status_code == 400 and param in page.content.decode()
     assert param in _errors(api.get("/api/runs", {param: "a\x00"}))
 
@@ -175,7 +175,7 @@ def test_non_ascii_or_huge_ids_never_500(api, browser, user, experiment, value):
     assert (
         browser.get(f"/experiments/{experiment.pk}/runs/new", {"clone": value}).status_code == 200
     )
-    saved = browser.post("/dashboard/comparisons/save", {"name": "x", "runs": f"{run.pk},{value}",
+    saved = browser.post("/comparisons/save", {"name": "x", "runs": f"{run.pk},{value}",
                                                           "baseline": value})  # fmt: skip
     assert saved.status_code == 302
     form = browser.post(
@@ -183,7 +183,7 @@ def test_non_ascii_or_huge_ids_never_500(api, browser, user, experiment, value):
         {"mode": "json", "queue": "cpu", "priority": value, "config_json": "{}"},
     )
     assert form.status_code == 200 and "priority" in form.content.decode()
-    for url in ("/dashboard/compare/", "/dashboard/stability/"):
+    for url in ("/compare/", "/stability/"):
         assert browser.get(url, {"runs": value}).status_code in (200, 400)
 
 
@@ -191,12 +191,12 @@ def test_non_ascii_or_huge_ids_never_500(api, browser, user, experiment, value):
 def test_inf_in_dashboard_integer_parameters_is_a_400(browser, user, experiment, value):
     run = submit_tiny_run(user, experiment)
     chart = browser.get(
-        f"/dashboard/runs/{run.pk}/chart", {"key": "reward/mean", "max_points": value}
+        f"/runs/{run.pk}/chart", {"key": "reward/mean", "max_points": value}
     )
     assert chart.status_code == 400 and "max_points" in chart.json()["errors"]
     for params in ({"layer": value, "runs": str(run.pk)}, {"baseline": value, "runs": str(run.pk)}):
-        assert browser.get("/dashboard/compare/", params).status_code == 400
-    assert browser.get("/dashboard/stability/", {"experiment": value}).status_code == 400
+        assert browser.get("/compare/", params).status_code == 400
+    assert browser.get("/stability/", {"experiment": value}).status_code == 400
 
 
 def test_limit_1e20_on_the_run_list_is_a_400(api):

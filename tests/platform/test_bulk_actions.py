@@ -30,9 +30,9 @@ def _runs(user, experiment, tiny, n=3):
 def test_cancel_selected_cancels_only_the_ticked_runs(browser, user, experiment, tiny):
     a, b, c = _runs(user, experiment, tiny)
     response = browser.post(
-        "/runs/bulk", {"action": "cancel", "runs": [a.pk, c.pk], "next": "/dashboard/runs/"}
+        "/runs/bulk", {"action": "cancel", "runs": [a.pk, c.pk], "next": "/runs/"}
     )
-    assert response.status_code == 302 and response["Location"] == "/dashboard/runs/"
+    assert response.status_code == 302 and response["Location"] == "/runs/"
     statuses = dict(Run.objects.values_list("pk", "status"))
     assert statuses == {a.pk: "cancelled", b.pk: "queued", c.pk: "cancelled"}
 
@@ -93,7 +93,7 @@ def test_submitting_to_an_unserved_queue_says_so(browser, experiment):
 
 
 def test_runs_list_offers_new_run_and_bulk_actions(browser, experiment):
-    page = browser.get("/dashboard/runs/").content.decode()
+    page = browser.get("/runs/").content.decode()
     assert "New run" in page and "Cancel selected" in page and "Requeue selected" in page
     response = browser.get(f"/runs/new?into={experiment.pk}")
     assert response["Location"] == f"/experiments/{experiment.pk}/runs/new"
@@ -104,5 +104,5 @@ def test_the_sweep_page_offers_cancel_sweep(browser, user, experiment, tiny):
     sweep = sweeps.create_sweep(
         owner=user, experiment=experiment, base_config=base, grid={}, seeds=[0, 1]
     )
-    page = browser.get(f"/dashboard/sweeps/{sweep.pk}/").content.decode()
+    page = browser.get(f"/sweeps/{sweep.pk}/").content.decode()
     assert f'action="/sweeps/{sweep.pk}/cancel"' in page and "Cancel sweep" in page

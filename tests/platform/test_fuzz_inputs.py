@@ -129,7 +129,11 @@ def _raw_body(payload: dict[str, Any]) -> str:
 
 @pytest.fixture
 def world(user, other_user, experiment):
-    """alice's experiment with one queued run; bob is an outsider."""
+    """alice's experiment with one queued run; bob is an outsider; the reconciler is up
+    (its live-worker row), so /api/health answers 200 and any 5xx is a finding."""
+    from lab.jobs.services import register_worker
+
+    register_worker("control@fuzz", queues=["control"], pid=1)
     run = submit_tiny_run(user, experiment)
     alice, bob = Client(), Client()
     alice.force_login(user)
@@ -201,19 +205,19 @@ FORMS = {
     "/experiments/{experiment}/sweeps/new": ["name", "preset", "field_0", "values_0", "field_1",
                                              "values_1", "seeds", "queue", "action"],
     "/experiments/{experiment}/sharing": ["groups"],
-    "/dashboard/runs/{run}/": ["body"],
-    "/dashboard/experiments/{experiment}/": ["body"],
-    "/dashboard/runs/{run}/verdict": ["label", "note"],
-    "/dashboard/runs/{run}/pin": [],
-    "/dashboard/experiments/{experiment}/unpin": ["next"],
-    "/dashboard/comparisons/save": ["name", "runs", "baseline"],
+    "/runs/{run}/": ["body"],
+    "/experiments/{experiment}/": ["body"],
+    "/runs/{run}/verdict": ["label", "note"],
+    "/runs/{run}/pin": [],
+    "/experiments/{experiment}/unpin": ["next"],
+    "/comparisons/save": ["name", "runs", "baseline"],
 }  # fmt: skip
 PAGES = {
-    "/dashboard/runs/": ["experiment", "status", "tag", "owner", "queue", "sort", "page"],
-    "/dashboard/compare/": ["runs", "baseline", "layer"],
-    "/dashboard/stability/": ["runs", "experiment", "sweep", "format"],
-    "/dashboard/runs/{run}/": ["baseline"],
-    "/dashboard/runs/{run}/chart": ["key", "max_points", "start", "end", "baseline", "format"],
+    "/runs/": ["experiment", "status", "tag", "owner", "queue", "sort", "page"],
+    "/compare/": ["runs", "baseline", "layer"],
+    "/stability/": ["runs", "experiment", "sweep", "format"],
+    "/runs/{run}/": ["baseline"],
+    "/runs/{run}/chart": ["key", "max_points", "start", "end", "baseline", "format"],
     "/experiments/{experiment}/runs/new": ["preset", "clone"],
     "/experiments/{experiment}/sweeps/new": ["field_0", "values_0", "seeds"],
     "/queue/": ["page"],

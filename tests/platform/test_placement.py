@@ -116,9 +116,9 @@ def test_api_and_run_page_say_why_a_run_waits(api, client, user, experiment, que
     assert body["gpus"] == 4
     assert body["waiting_reason"].startswith("needs 4 GPUs; the largest live worker")
     client.force_login(user)
-    page = client.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "needs 4 GPUs; the largest live worker" in page
-    status = client.get(f"/dashboard/runs/{run.pk}/status").json()
+    status = client.get(f"/runs/{run.pk}/status").json()
     assert status["waiting_reason"] == body["waiting_reason"]
 
 

@@ -57,7 +57,7 @@ def test_queue_page_and_runs_list_page_do_not_grow_with_runs(
     _fill(user, experiment, n)
     browser = Client()
     browser.force_login(user)
-    for url in ("/queue/", "/dashboard/runs/"):
+    for url in ("/queue/", "/runs/"):
         with django_assert_max_num_queries(MAX_QUERIES + 4):  # the runs list's filter menus
             response = browser.get(url)
         assert response.status_code == 200, url

@@ -163,30 +163,30 @@ def test_verdicts_pins_and_unpins_need_membership(user, other_user, staff_user, 
     run = submit_tiny_run(user, experiment)
     outsider = _login(other_user)
     assert (
-        outsider.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 403
+        outsider.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 403
     )
-    assert outsider.post(f"/dashboard/runs/{run.pk}/pin").status_code == 403
+    assert outsider.post(f"/runs/{run.pk}/pin").status_code == 403
     assert not Verdict.objects.exists() and not BaselinePin.objects.exists()
     # the owner pins; an outsider cannot unpin it
-    assert _login(user).post(f"/dashboard/runs/{run.pk}/pin").status_code == 302
-    assert outsider.post(f"/dashboard/experiments/{experiment.pk}/unpin").status_code == 403
+    assert _login(user).post(f"/runs/{run.pk}/pin").status_code == 302
+    assert outsider.post(f"/experiments/{experiment.pk}/unpin").status_code == 403
     assert BaselinePin.objects.filter(run=run).exists()
     # staff may, and so may a member of a shared group
     staff = _login(staff_user)
-    assert staff.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
+    assert staff.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
     share(experiment, other_user)
     assert (
-        outsider.post(f"/dashboard/runs/{run.pk}/verdict", {"label": "collapsed"}).status_code
+        outsider.post(f"/runs/{run.pk}/verdict", {"label": "collapsed"}).status_code
         == 302
     )
-    assert outsider.post(f"/dashboard/experiments/{experiment.pk}/unpin").status_code == 302
+    assert outsider.post(f"/experiments/{experiment.pk}/unpin").status_code == 302
     assert Verdict.objects.filter(run=run).count() == 2 and not BaselinePin.objects.exists()
 
 
 def test_anyone_logged_in_may_comment(other_api, other_user, experiment):
     run = submit_tiny_run(experiment.owner, experiment)
     assert _post(other_api, f"/api/runs/{run.pk}/comments", {"body": "seed 2?"}).status_code == 201
-    page = _login(other_user).post(f"/dashboard/runs/{run.pk}/", {"body": "looks fine"})
+    page = _login(other_user).post(f"/runs/{run.pk}/", {"body": "looks fine"})
     assert page.status_code == 302
     assert Comment.objects.filter(author=other_user).count() == 2
 
@@ -242,7 +242,7 @@ def test_the_cli_refuses_an_outsider_with_a_message(other_user, experiment):
 
 def test_the_run_page_offers_pin_and_verdict_only_to_whom_may(user, other_user, experiment):
     run = submit_tiny_run(user, experiment)
-    url = f"/dashboard/runs/{run.pk}/"
+    url = f"/runs/{run.pk}/"
     mine = _login(user).get(url).content.decode()
     assert "Record verdict" in mine and "Pin as the experiment" in mine
     theirs = _login(other_user).get(url).content.decode()

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from lab.runs.models import Run
-from lab.web import schema_form
+from dashboard import schema_form
 
 
 @pytest.fixture

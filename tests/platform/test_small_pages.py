@@ -19,8 +19,8 @@ def browser(user):
 def test_every_page_names_a_favicon_that_exists(browser):
     page = browser.get("/experiments/").content.decode()
     href = re.search(r'<link rel="icon" href="([^"]+)"', page).group(1)
-    assert href == "/static/web/favicon.svg"
-    assert finders.find("web/favicon.svg")
+    assert href == "/static/dashboard/favicon.svg"
+    assert finders.find("dashboard/favicon.svg")
     response = Client().get("/favicon.ico")
     assert response.status_code == 301 and response["Location"] == href
 

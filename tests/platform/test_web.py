@@ -9,7 +9,7 @@ from django.test import Client
 
 from lab.runs import comments, lifecycle
 from lab.runs.models import Run
-from lab.web import schema_form
+from dashboard import schema_form
 
 
 @pytest.fixture
@@ -43,51 +43,58 @@ def test_pages_need_login(db, url):
 
 
 def test_detail_pages_need_login(run):
-    for url in (f"/dashboard/runs/{run.pk}/", f"/experiments/{run.experiment_id}/runs/new"):
+    for url in (f"/runs/{run.pk}/", f"/experiments/{run.experiment_id}/runs/new"):
         response = Client().get(url)
         assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
 def test_login_page_and_pages_render(browser, run):
     assert Client().get("/accounts/login/").status_code == 200
-    pages = [*PAGES[1:], f"/dashboard/experiments/{run.experiment_id}/"]
-    for url in [*pages, f"/dashboard/runs/{run.pk}/"]:
+    pages = [*PAGES[1:], f"/experiments/{run.experiment_id}/"]
+    for url in [*pages, f"/runs/{run.pk}/"]:
         response = browser.get(url)
         assert response.status_code == 200, url
         assert b'<nav class="nav">' in response.content
 
 
-def test_old_run_and_experiment_urls_redirect_permanently(browser, run):
-    """The platform's run and experiment pages moved to the dashboard's."""
+def test_old_dashboard_urls_redirect_permanently(browser, run):
+    """The pages moved from /dashboard/<path> to /<path>; old links follow them,
+    a POST keeps its method (308), and no old address redirects off the site."""
     moved = {
-        f"/runs/{run.pk}/": f"/dashboard/runs/{run.pk}/",
-        f"/runs/{run.pk}/?baseline=0": f"/dashboard/runs/{run.pk}/?baseline=0",
-        f"/experiments/{run.experiment_id}/": f"/dashboard/experiments/{run.experiment_id}/",
+        f"/dashboard/runs/{run.pk}/": f"/runs/{run.pk}/",
+        f"/dashboard/runs/{run.pk}/?baseline=0": f"/runs/{run.pk}/?baseline=0",
+        f"/dashboard/experiments/{run.experiment_id}/": f"/experiments/{run.experiment_id}/",
+        "/dashboard/stability/?format=csv": "/stability/?format=csv",
+        "/dashboard/": "/",
+        "/dashboard//evil.example/": "/evil.example/",
     }
     for old, new in moved.items():
         response = browser.get(old)
         assert response.status_code == 301, old
         assert response["Location"] == new
+    posted = browser.post(f"/dashboard/runs/{run.pk}/pin")
+    assert posted.status_code == 308 and posted["Location"] == f"/runs/{run.pk}/pin"
 
 
-def test_links_and_redirects_point_at_the_surviving_pages(browser, run):
-    for url in ("/queue/", "/experiments/", f"/experiments/{run.experiment_id}/runs/new"):
+def test_links_and_redirects_point_at_the_one_address_of_each_page(browser, run):
+    """No page links to the old /dashboard/ prefix (each page has one address)."""
+    pages = ("/queue/", "/experiments/", f"/experiments/{run.experiment_id}/runs/new",
+             f"/experiments/{run.experiment_id}/", f"/runs/{run.pk}/", "/runs/", "/assets/")  # fmt: skip
+    for url in pages:
         page = browser.get(url).content.decode()
-        assert (
-            'href="/runs/' not in page and f'href="/experiments/{run.experiment_id}/"' not in page
-        )
-    assert f'href="/dashboard/runs/{run.pk}/"' in browser.get("/queue/").content.decode()
+        assert 'href="/dashboard/' not in page and 'action="/dashboard/' not in page, url
+    assert f'href="/runs/{run.pk}/"' in browser.get("/queue/").content.decode()
     created = browser.post("/experiments/", {"name": "fresh", "preset": "moe-grpo"})
-    assert created["Location"].startswith("/dashboard/experiments/")
+    assert created["Location"].startswith("/experiments/")
 
 
 def test_experiment_page_keeps_the_platform_actions(browser, run):
     """New run, sweep builder, the run list and comments on the one experiment page."""
-    url = f"/dashboard/experiments/{run.experiment_id}/"
+    url = f"/experiments/{run.experiment_id}/"
     page = browser.get(url).content.decode()
     assert f'href="/experiments/{run.experiment_id}/runs/new"' in page
     assert f'href="/experiments/{run.experiment_id}/sweeps/new"' in page
-    assert f'href="/dashboard/runs/{run.pk}/"' in page
+    assert f'href="/runs/{run.pk}/"' in page
     response = browser.post(url, {"body": "looks <b>stable</b>"})
     assert response.status_code == 302 and response["Location"] == url + "#comments"
     assert "looks &lt;b&gt;stable&lt;/b&gt;" in browser.get(url).content.decode()
@@ -154,7 +161,7 @@ def test_new_run_form_queues_a_valid_run(browser, experiment):
     response = browser.post(f"/experiments/{experiment.pk}/runs/new", data)
     assert response.status_code == 302, response.content.decode()[-2000:]
     run = Run.objects.get()
-    assert response["Location"] == f"/dashboard/runs/{run.pk}/"
+    assert response["Location"] == f"/runs/{run.pk}/"
     assert run.total_steps == 7 and run.config["stabilizers"]["replay"]["mode"] == "r3"
     assert run.variant == "form run"
 
@@ -232,7 +239,7 @@ def test_user_text_is_escaped(browser, user, run):
     comments.add_comment(author=user, body="<script>alert(1)</script>", run=run)
     run.experiment.name = "<img src=x onerror=alert(1)>"
     run.experiment.save()
-    page = browser.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    page = browser.get(f"/runs/{run.pk}/").content.decode()
     assert "<script>alert(1)</script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<img src=x" not in page
@@ -247,12 +254,12 @@ def test_forms_need_csrf(user, run):
 
 def test_only_owner_or_staff_cancel_in_the_browser(browser, other_browser, run):
     assert other_browser.post(f"/runs/{run.pk}/cancel").status_code == 403
-    assert "Cancel run" not in other_browser.get(f"/dashboard/runs/{run.pk}/").content.decode()
-    page = browser.get(f"/dashboard/runs/{run.pk}/").content.decode()
+    assert "Cancel run" not in other_browser.get(f"/runs/{run.pk}/").content.decode()
+    page = browser.get(f"/runs/{run.pk}/").content.decode()
     assert f'action="/runs/{run.pk}/cancel"' in page and f'action="/runs/{run.pk}/delete"' in page
     assert f'href="/experiments/{run.experiment_id}/runs/new?clone={run.pk}"' in page
     response = browser.post(f"/runs/{run.pk}/cancel")
-    assert response.status_code == 302 and response["Location"] == f"/dashboard/runs/{run.pk}/"
+    assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
     assert Run.objects.get(pk=run.pk).status == "cancelled"
 
 

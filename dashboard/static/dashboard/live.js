@@ -13,7 +13,7 @@
  * at full resolution when it fits in max_points; autoscale (double-click)
  * goes back to the whole, downsampled run.
  *
- * Usage: <div data-live-chart data-url="/dashboard/runs/7/chart?key=mismatch/kl_k3"
+ * Usage: <div data-live-chart data-url="/runs/7/chart?key=mismatch/kl_k3"
  *             data-interval-ms="5000" data-max-points="500"></div>
  * and this script: every such element is attached on DOMContentLoaded, or
  * call DashboardLive.attach(element, url, options) yourself.

@@ -92,7 +92,6 @@ INSTALLED_APPS = [
     "lab.jobs",
     "lab.assets",
     "lab.api",
-    "lab.web",
     "dashboard",
 ]
 
@@ -115,7 +114,7 @@ WSGI_APPLICATION = "lab.site.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "platform" / "lab" / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

@@ -1,3 +1,9 @@
+"""The site: admin, the API, logins, and the web wing (dashboard.urls) at the root.
+
+The web wing's pages once lived under ``/dashboard/``; those addresses redirect
+permanently to the same path at the root (dashboard.urls).
+"""
+
 from django.contrib import admin
 from django.urls import include, path
 
@@ -5,7 +11,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("lab.api.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("dashboard/", include("dashboard.urls")),
-    path("assets/", include("lab.assets.urls")),
-    path("", include("lab.web.urls")),
+    path("", include("dashboard.urls")),
 ]

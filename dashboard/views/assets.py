@@ -1,4 +1,5 @@
-"""The registry page: registered models and datasets, and the two registration forms."""
+"""The models & data page: registered models and datasets, and the two registration
+forms (writes: lab.assets.services)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def asset_list(request: HttpRequest) -> HttpResponse:
             errors = {path: message for path, message in exc.errors}
         else:
             messages.success(request, f"Registered {kind} {item.name}.")
-            return redirect("assets:list")
+            return redirect("dashboard:assets")
     models = [
         {
             "item": m,
@@ -48,7 +49,7 @@ def asset_list(request: HttpRequest) -> HttpResponse:
     ]
     return render(
         request,
-        "assets/assets.html",
+        "dashboard/assets.html",
         {
             "models": models,
             "datasets": RegisteredDataset.objects.select_related("owner"),

@@ -1,9 +1,7 @@
-"""Browser pages. Every page needs login; writes go through the services, so
-the form, the API and the CLI validate and store the same way.
-
-The run page and the experiment page are the dashboard's (one page per concept,
-docs/design.md): these views link and redirect to them by URL name only, so the
-platform never imports the dashboard.
+"""The forms: experiments (list and create), the run form, the sweep builder and
+an experiment's sharing. Every page needs login; writes go through the
+platform's services, so the form, the API and the CLI validate and store the
+same way.
 """
 
 from __future__ import annotations
@@ -19,41 +17,32 @@ from django.core.paginator import Paginator
 from django.db.models import Count
 from django.http import (
     Http404,
-    HttpRequest,
-    HttpResponseForbidden,
-    HttpResponsePermanentRedirect,
     JsonResponse,
 )
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
-from django.views.decorators.http import require_POST
 
+from dashboard import schema_form
+from dashboard.views.actions import EXPERIMENT_PAGE, RUN_PAGE, warn_if_unserved
 from lab.api import json_input
 from lab.api.query import ascii_id
 from lab.assets.models import RegisteredDataset, RegisteredModel
 from lab.assets.services import picked_assets
-from lab.experiments.models import Experiment, Sweep
+from lab.experiments.models import Experiment
 from lab.experiments.rights import NotAllowed, can_queue, can_share
 from lab.experiments.services import create_experiment, set_shared_with, shareable_groups
-from lab.jobs.models import Worker
-from lab.runs import bulk, exports, lifecycle, sweeps
+from lab.runs import lifecycle, sweeps
 from lab.runs.configs import resolve_config
-from lab.runs.models import ACTIVE_STATUSES, Run
-from lab.runs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
-from lab.web import schema_form
+from lab.runs.models import Run
 from trainer.errors import FieldError
 from trainer.presets import list_presets, preset_dict
 
-# The surviving run and experiment pages (URL names of the dashboard app).
-RUN_PAGE = "dashboard:run"
-EXPERIMENT_PAGE = "dashboard:experiment"
 PRIORITY_TEXT = re.compile(r"-?[0-9]{1,4}")
 EXPERIMENTS_PER_PAGE = 50
 
 
 @login_required
 def home(request):
-    return redirect("web:experiments")
+    return redirect("dashboard:experiments")
 
 
 @login_required
@@ -79,7 +68,7 @@ def experiment_list(request):
     page = Paginator(experiments, EXPERIMENTS_PER_PAGE).get_page(request.GET.get("page"))
     return render(
         request,
-        "web/experiment_list.html",
+        "dashboard/experiment_list.html",
         {"experiments": page.object_list, "page": page, "presets": list_presets(),
          "errors": errors, "form": request.POST},
     )  # fmt: skip
@@ -171,7 +160,7 @@ def run_new(request, pk: int):
                     variant=request.POST.get("variant", "")[:200],
                 )
                 messages.success(request, f"Run {run.pk} queued on {run.queue}.")
-                _warn_if_unserved(request, run.queue)
+                warn_if_unserved(request, run.queue)
                 return redirect(RUN_PAGE, run.pk)
             except FieldError as exc:
                 other_errors += schema_form.attach_errors(sections, exc.errors)
@@ -192,7 +181,7 @@ def run_new(request, pk: int):
     first_error = error_fields[0].path if error_fields else ("priority" if priority_error else "")
     return render(
         request,
-        "web/run_new.html",
+        "dashboard/run_new.html",
         {
             "experiment": experiment,
             "sections": sections,
@@ -219,130 +208,6 @@ def run_new(request, pk: int):
             "registered_dataset": request.POST.get("registered_dataset", ""),
         },
     )
-
-
-def run_page_moved(request: HttpRequest, pk: int) -> HttpResponsePermanentRedirect:
-    """The run page lives on the dashboard (the one run page); old links follow it."""
-    return _moved(request, reverse(RUN_PAGE, args=[pk]))
-
-
-def experiment_page_moved(request: HttpRequest, pk: int) -> HttpResponsePermanentRedirect:
-    """The experiment page lives on the dashboard (the one experiment page)."""
-    return _moved(request, reverse(EXPERIMENT_PAGE, args=[pk]))
-
-
-def _moved(request: HttpRequest, target: str) -> HttpResponsePermanentRedirect:
-    """A permanent redirect to ``target`` that keeps the query string."""
-    query = request.META.get("QUERY_STRING", "")
-    return HttpResponsePermanentRedirect(f"{target}?{query}" if query else target)
-
-
-@login_required
-@require_POST
-def run_cancel(request, pk: int):
-    run = get_object_or_404(Run, pk=pk)
-    try:
-        lifecycle.cancel_run(run, user=request.user)
-    except lifecycle.NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    messages.info(request, f"Cancel requested for run {pk}.")
-    return redirect(RUN_PAGE, pk)
-
-
-@login_required
-@require_POST
-def run_export(request, pk: int):
-    """Queue a Hugging Face export of a finished run's checkpoint (runs/exports.py)."""
-    run = get_object_or_404(Run, pk=pk)
-    try:
-        export = exports.request_export(
-            run, user=request.user, dtype=request.POST.get("dtype", "float32")
-        )
-    except NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    except FieldError as exc:
-        messages.error(request, str(exc))
-        return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Export of step {export.step} ({export.status}): {export.out_dir}")
-    return redirect(RUN_PAGE, pk)
-
-
-@login_required
-@require_POST
-def run_requeue(request, pk: int):
-    """Put a failed or cancelled run back in its queue (it resumes from its checkpoint)."""
-    run = get_object_or_404(Run, pk=pk)
-    try:
-        bulk.requeue_run(run, user=request.user)
-    except lifecycle.NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    except lifecycle.InvalidState as exc:
-        messages.error(request, str(exc))
-        return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Run {pk} is back in the queue {run.queue}.")
-    _warn_if_unserved(request, run.queue)
-    return redirect(RUN_PAGE, pk)
-
-
-def _selected_run_ids(request: HttpRequest) -> list[int]:
-    """The ticked run ids of a bulk form (non-numbers are ignored: nothing to act on)."""
-    return [int(v) for v in request.POST.getlist("runs") if v.isascii() and v.isdigit()]
-
-
-def _back(request: HttpRequest, default: str):
-    """Redirect to the page the bulk form was on (same-site paths only)."""
-    target = request.POST.get("next", "")
-    return redirect(target if target.startswith("/") and not target.startswith("//") else default)
-
-
-@login_required
-@require_POST
-def runs_bulk(request):
-    """Cancel or requeue the runs ticked on a list; runs that are finished (for a
-    cancel), not finished (for a requeue) or not the user's are left alone."""
-    action = request.POST.get("action")
-    ids = _selected_run_ids(request)
-    if not ids:
-        messages.error(request, "Tick at least one run first.")
-    elif action == "cancel":
-        messages.info(request, bulk.cancel_runs(ids, user=request.user).message("Cancelled"))
-    elif action == "requeue":
-        messages.info(request, bulk.requeue_runs(ids, user=request.user).message("Requeued"))
-    else:
-        messages.error(request, "Choose cancel or requeue.")
-    return _back(request, reverse("dashboard:runs"))
-
-
-@login_required
-@require_POST
-def sweep_cancel(request, pk: int):
-    """Cancel every queued or training run of a sweep."""
-    sweep = get_object_or_404(Sweep, pk=pk)
-    outcome = bulk.cancel_sweep(sweep, user=request.user)
-    messages.info(request, outcome.message(f"Sweep {sweep.pk}: cancelled"))
-    return _back(request, reverse(EXPERIMENT_PAGE, args=[sweep.experiment_id]))
-
-
-def _warn_if_unserved(request: HttpRequest, queue: str) -> None:
-    warning = unserved_warning(queue)
-    if warning:
-        messages.warning(request, warning)
-
-
-@login_required
-@require_POST
-def run_delete(request, pk: int):
-    run = get_object_or_404(Run, pk=pk)
-    experiment_id = run.experiment_id
-    try:
-        lifecycle.delete_run(run, user=request.user)
-    except lifecycle.NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    except lifecycle.InvalidState as exc:
-        messages.error(request, str(exc))
-        return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Run {pk} deleted.")
-    return redirect(EXPERIMENT_PAGE, experiment_id)
 
 
 def _parse_values(text: str) -> list[Any]:
@@ -389,7 +254,7 @@ def sweep_new(request, pk: int):
                     seeds=seeds, queue=data.get("queue"), name=data.get("name", ""),
                 )  # fmt: skip
                 messages.success(request, f"Sweep queued: {sweep.runs.count()} runs.")
-                _warn_if_unserved(request, sweep.runs.first().queue)
+                warn_if_unserved(request, sweep.runs.first().queue)
                 return redirect(EXPERIMENT_PAGE, pk)
             preview = {"count": len(planned), "variants": sorted({label for label, _ in planned})}
         except FieldError as exc:
@@ -398,7 +263,7 @@ def sweep_new(request, pk: int):
             errors = [str(exc)]
     return render(
         request,
-        "web/sweep_new.html",
+        "dashboard/sweep_new.html",
         {"experiment": experiment, "paths": paths, "rows": rows, "preview": preview,
          "errors": errors, "presets": list_presets(), "queues": settings.LAB_QUEUES,
          "data": data},
@@ -418,7 +283,7 @@ def experiment_sharing(request, pk: int):
                 user=request.user, experiment=experiment, groups=request.POST.getlist("groups")
             )
             messages.success(request, "Sharing saved.")
-            return redirect("web:experiment-sharing", pk)
+            return redirect("dashboard:experiment_sharing", pk)
         except NotAllowed as exc:
             errors.append(str(exc))
         except FieldError as exc:
@@ -429,7 +294,7 @@ def experiment_sharing(request, pk: int):
     )
     return render(
         request,
-        "web/experiment_sharing.html",
+        "dashboard/experiment_sharing.html",
         {
             "experiment": experiment,
             "shared": sorted(shared),
@@ -439,44 +304,6 @@ def experiment_sharing(request, pk: int):
             "errors": errors,
         },
         status=403 if errors and not editable else 200,
-    )
-
-
-QUEUE_PAGE_SIZE = 100
-
-
-@login_required
-def queue_page(request):
-    """Queued and running runs in queue order, a page at a time; the same few
-    queries at any queue length (positions: one query for the page)."""
-    active = (
-        Run.objects.filter(status__in=ACTIVE_STATUSES)
-        .select_related("owner", "experiment")
-        .order_by("queue", "-priority", "created_at", "pk")
-    )
-    page = Paginator(active, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
-    positions = queue_positions(page.object_list)
-    rows = [
-        {"run": r, "position": positions.get(r.pk), "eta": eta_seconds(r)} for r in page.object_list
-    ]
-    waiting_queues = set(
-        Run.objects.filter(status="queued").values_list("queue", flat=True).distinct()
-    )
-    sweeps_active = (
-        Sweep.objects.filter(runs__status__in=ACTIVE_STATUSES)
-        .annotate(active=Count("runs"))
-        .select_related("experiment")
-        .order_by("pk")
-    )
-    return render(
-        request,
-        "web/queue.html",
-        {
-            "rows": rows,
-            "page": page,
-            "unserved": [unserved_warning(q) for q in sorted(waiting_queues - served_queues())],
-            "sweeps": sweeps_active,
-        },
     )
 
 
@@ -490,14 +317,8 @@ def run_new_any(request):
     )
     if experiment is None:
         messages.info(request, "Create an experiment first; its runs are compared together.")
-        return redirect("web:experiments")
-    return redirect("web:run-new", experiment.pk)
-
-
-@login_required
-def workers_page(request):
-    workers = Worker.live().select_related("current_run")
-    return render(request, "web/workers.html", {"workers": workers})
+        return redirect("dashboard:experiments")
+    return redirect("dashboard:run_new", experiment.pk)
 
 
 @login_required

@@ -1,0 +1,58 @@
+"""The queue (queued and running runs in queue order) and the live workers."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.shortcuts import render
+
+from lab.experiments.models import Sweep
+from lab.jobs.models import Worker
+from lab.runs.models import ACTIVE_STATUSES, Run
+from lab.runs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
+
+QUEUE_PAGE_SIZE = 100
+
+
+@login_required
+def queue_page(request):
+    """Queued and running runs in queue order, a page at a time; the same few
+    queries at any queue length (positions: one query for the page)."""
+    active = (
+        Run.objects.filter(status__in=ACTIVE_STATUSES)
+        .select_related("owner", "experiment")
+        .order_by("queue", "-priority", "created_at", "pk")
+    )
+    page = Paginator(active, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
+    positions = queue_positions(page.object_list)
+    rows = [
+        {"run": r, "position": positions.get(r.pk), "eta": eta_seconds(r)} for r in page.object_list
+    ]
+    waiting_queues = set(
+        Run.objects.filter(status="queued").values_list("queue", flat=True).distinct()
+    )
+    sweeps_active = (
+        Sweep.objects.filter(runs__status__in=ACTIVE_STATUSES)
+        .annotate(active=Count("runs"))
+        .select_related("experiment")
+        .order_by("pk")
+    )
+    return render(
+        request,
+        "dashboard/queue.html",
+        {
+            "rows": rows,
+            "page": page,
+            "unserved": [unserved_warning(q) for q in sorted(waiting_queues - served_queues())],
+            "sweeps": sweeps_active,
+        },
+    )
+
+
+@login_required
+def workers_page(request):
+    workers = Worker.live().select_related("current_run")
+    return render(request, "dashboard/workers.html", {"workers": workers})
+
+

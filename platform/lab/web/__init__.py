@@ -1,1 +1,0 @@
-"""Browser pages: plain Django templates over the same services as the API."""
