@@ -46,6 +46,44 @@ class Section(BaseModel):
 
 
 # --------------------------------------------------------------------------- model
+class RopeScalingConfig(Section):
+    """Rotary scaling for long contexts, as transformers' ``rope_parameters``
+    (``trainer.model.layers.rope_frequencies`` holds the formulas)."""
+
+    kind: Literal["default", "linear", "dynamic", "yarn", "llama3"] = Field(
+        "default",
+        description="default: plain RoPE; linear: positions / factor (Chen et al. 2023); "
+        "dynamic: NTK base grown past max_positions (dynamic NTK); yarn: YaRN (Peng et "
+        "al. 2023, Qwen long context); llama3: Llama 3.1's banded frequency scaling.",
+    )
+    factor: float = Field(1.0, gt=0, le=1024.0, description="Context-extension factor.")
+    max_positions: int | None = Field(
+        None,
+        ge=1,
+        le=16_777_216,
+        description="yarn/llama3: the pretraining context (original_max_position_embeddings); "
+        "dynamic: the context past which the base grows (max_position_embeddings).",
+    )
+    low_freq_factor: float = Field(1.0, gt=0, description="llama3: low-frequency band edge.")
+    high_freq_factor: float = Field(4.0, gt=0, description="llama3: high-frequency band edge.")
+    beta_fast: float = Field(32.0, gt=0, description="yarn: rotations where extrapolation ends.")
+    beta_slow: float = Field(1.0, gt=0, description="yarn: rotations where interpolation starts.")
+    attention_factor: float | None = Field(
+        None,
+        gt=0,
+        description="yarn: cos/sin multiplier; empty = 0.1 ln(factor) + 1 (YaRN eq. 21).",
+    )
+    truncate: bool = Field(True, description="yarn: round the correction range to whole dims.")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> RopeScalingConfig:
+        if self.kind in ("dynamic", "yarn", "llama3") and self.max_positions is None:
+            raise ValueError(f"max_positions: rope scaling '{self.kind}' needs max_positions")
+        if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError("high_freq_factor: must exceed low_freq_factor")
+        return self
+
+
 class ModelConfig(Section):
     vocab_size: int | None = Field(
         None,
@@ -112,6 +150,22 @@ class ModelConfig(Section):
     )
     rope_theta: float = Field(
         10000.0, gt=0, description="Rotary base: theta_i = rope_theta^(-2i/head_dim)."
+    )
+    rope_scaling: RopeScalingConfig = Field(
+        default_factory=RopeScalingConfig,
+        description="Rotary scaling for long contexts (checkpoints: rope_parameters).",
+    )
+    sliding_window: int | None = Field(
+        None,
+        ge=1,
+        le=16_777_216,
+        description="Sliding-window attention: a query sees only the last sliding_window "
+        "keys, itself included (Mistral/Mixtral, Qwen use_sliding_window); empty = full.",
+    )
+    sliding_layers: list[int] | None = Field(
+        None,
+        description="Block indices (0-based) that use the sliding window; empty = every "
+        "block (Qwen's max_window_layers / layer_types pick some).",
     )
     qk_norm: Literal["none", "head", "full"] = Field(
         "none",
@@ -190,6 +244,16 @@ class ModelConfig(Section):
                 "chat_template: only an imported checkpoint has a chat template; "
                 "set model.source or turn chat_template off"
             )
+        if self.sliding_layers is not None:
+            bad = [i for i in self.sliding_layers if not 0 <= i < self.n_layers]
+            if bad:
+                raise ValueError(
+                    f"sliding_layers: block indices {bad} are outside 0..{self.n_layers - 1}"
+                )
+            if self.sliding_window is None:
+                raise ValueError("sliding_layers: set sliding_window too, or clear the list")
+        if self.rope_scaling.kind != "default" and self.positional != "rope":
+            raise ValueError("rope_scaling: only rotary positions (positional=rope) scale")
         if len(set(self.dense_layers)) != len(self.dense_layers):
             raise ValueError("dense_layers: list each block index once")
         if self.dense_layers and not self.is_moe:
@@ -212,6 +276,12 @@ class ModelConfig(Section):
     def is_moe_block(self, index: int) -> bool:
         """Whether block ``index`` has a routed MoE FFN (else the dense SwiGLU)."""
         return self.is_moe and index not in self.dense_layers
+
+    def uses_sliding_window(self, index: int) -> bool:
+        """Whether block ``index`` attends through the sliding window."""
+        if self.sliding_window is None:
+            return False
+        return self.sliding_layers is None or index in self.sliding_layers
 
     @property
     def n_moe_blocks(self) -> int:

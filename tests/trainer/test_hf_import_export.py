@@ -34,9 +34,10 @@ def _edit_config(folder, **changes):
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
-        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_parameters.rope_type"),
-        ({"sliding_window": 4096}, "sliding_window"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_parameters.rope_type"),
+        ({"rope_parameters": {"rope_type": "su", "factor": 2.0}}, "rope_parameters.rope_type"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
         ({"router_jitter_noise": 0.1}, "router_jitter_noise"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
@@ -52,11 +53,13 @@ def test_unsupported_checkpoint_fields_are_errors_naming_the_field(tmp_path, cha
     assert any(named in m for m in messages), messages
 
 
-def test_olmoe_clip_qkv_and_qwen_sliding_window_are_refused():
+def test_olmoe_clip_qkv_and_olmoe_llama_sliding_windows_are_refused():
     with pytest.raises(FieldError, match="clip_qkv"):
         model_fields_from_hf({"model_type": "olmoe", "clip_qkv": 8.0})
     with pytest.raises(FieldError, match="use_sliding_window"):
-        model_fields_from_hf({"model_type": "qwen3_moe", "use_sliding_window": True})
+        model_fields_from_hf({"model_type": "olmoe", "use_sliding_window": True})
+    with pytest.raises(FieldError, match="sliding_window"):
+        model_fields_from_hf({"model_type": "llama", "sliding_window": 4096})
 
 
 def test_shape_fields_conflicting_with_the_checkpoint_are_field_errors(tmp_path):

@@ -13,6 +13,7 @@ qwen3, qwen2, llama (dense baselines of the same families).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainer.config import ModelConfig
@@ -52,6 +53,9 @@ SHAPE_FIELDS = (
     "qk_norm",
     "attention_bias",
     "rope_theta",
+    "rope_scaling",
+    "sliding_window",
+    "sliding_layers",
     "norm_eps",
     "tie_embeddings",
     "positional",
@@ -70,42 +74,204 @@ def _require(hf: dict[str, Any], key: str) -> Any:
     return hf[key]
 
 
-def rope_theta_of(hf: dict[str, Any]) -> float:
-    """The rotary base from ``rope_parameters`` (transformers 5) or ``rope_theta``
-    (+ ``rope_scaling``, transformers 4); any scaling kind but plain RoPE is an error."""
-    params = hf.get("rope_parameters")
-    scaling = hf.get("rope_scaling")
+# Each family's config-class defaults (transformers 5's ``XConfig()``), for the
+# config.json keys the mapping reads: a checkpoint that omits a key gets what
+# transformers would give it (tested against the classes in
+# tests/trainer/test_hf_families.py). ``None`` = derived (kv heads = heads,
+# head_dim = hidden / heads).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {
+        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": None,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": False, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "max_position_embeddings": 32768,
+        "attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "use_sliding_window": False, "sliding_window": 4096,
+    },
+    "qwen2_moe": {
+        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+        "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4,
+        "norm_topk_prob": False, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "rope_theta": 10000.0, "max_position_embeddings": 32768, "qkv_bias": True,
+        "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
+    "olmoe": {
+        "vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "num_key_value_heads": None, "intermediate_size": 2048,
+        "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "attention_bias": False,
+    },
+    "mixtral": {
+        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None,
+        "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_theta": 1e6,
+        "max_position_embeddings": 131072, "sliding_window": None,
+    },
+    "qwen3": {
+        "vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+        "intermediate_size": 22016, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "rope_theta": 10000.0, "max_position_embeddings": 32768, "attention_bias": False,
+        "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+    },
+    "qwen2": {
+        "vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 22016,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "max_position_embeddings": 32768, "use_sliding_window": False,
+        "sliding_window": 4096, "max_window_layers": 28,
+    },
+    "llama": {
+        "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None,
+        "intermediate_size": 11008, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "rope_theta": 10000.0, "max_position_embeddings": 2048, "attention_bias": False,
+    },
+}  # fmt: skip
+
+
+def with_family_defaults(hf: dict[str, Any]) -> dict[str, Any]:
+    """``hf`` with every key its family's config class defaults filled in (a key
+    present with null stays null only where the class keeps null)."""
+    defaults = FAMILY_DEFAULTS.get(hf.get("model_type"), {})
+    out = dict(hf)
+    # transformers 5 spells the expert count num_local_experts in some families'
+    # files and num_experts in others: either one present is the count.
+    experts = {"num_experts", "num_local_experts"}
+    for key, value in defaults.items():
+        if key in experts and experts & set(out):
+            continue
+        if key not in out:
+            out[key] = value
+    return out
+
+
+SCALED_ROPE_KINDS = ("linear", "dynamic", "yarn", "llama3")
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN eq. 21: 0.1 * mscale * ln(scale) + 1 (1 for scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_fields_of(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(rope_theta, rope_scaling fields) from ``rope_parameters`` (transformers 5) or
+    ``rope_theta`` + ``rope_scaling`` (transformers 4), resolved as transformers'
+    ``standardize_rope_params`` and ``ROPE_INIT_FUNCTIONS`` do; longrope, partial
+    rotary and per-layer rope parameters are refused."""
+    # transformers 5's convert_rope_params_to_dict: a rope_scaling dict wins over
+    # rope_parameters; the base falls back to rope_theta, then the class default.
+    params = hf.get("rope_scaling")
+    if not isinstance(params, dict):
+        params = hf.get("rope_parameters")
+    params = dict(params) if isinstance(params, dict) else {}
     errors = []
-    if isinstance(params, dict):
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            errors.append(
-                _unsupported(
-                    "rope_parameters.rope_type",
-                    kind,
-                    "only plain rotary embeddings ('default') are implemented",
-                )
-            )
-        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    else:
-        theta = hf.get("rope_theta", 10000.0)
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
-        if kind != "default":
-            errors.append(
-                _unsupported(
-                    "rope_scaling", scaling, "only plain rotary embeddings are implemented"
-                )
-            )
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+    if any(isinstance(v, dict) for v in params.values()):
+        errors.append(
+            _unsupported("rope_parameters", params, "one rope for every layer is implemented")
+        )
+        raise FieldError(errors)
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if kind not in ("default", *SCALED_ROPE_KINDS):
         errors.append(
             _unsupported(
-                "partial_rotary_factor", hf["partial_rotary_factor"], "rotary covers every dim"
+                "rope_parameters.rope_type",
+                kind,
+                "implemented: default, " + ", ".join(SCALED_ROPE_KINDS),
             )
         )
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1.0):
+        errors.append(_unsupported("partial_rotary_factor", partial, "rotary covers every dim"))
     if errors:
         raise FieldError(errors)
-    return float(theta)
+    scaling: dict[str, Any] = {"kind": kind}
+    if kind == "default":
+        return theta, scaling
+    max_pos = hf.get("max_position_embeddings")
+    original = hf.get("original_max_position_embeddings") or params.get(
+        "original_max_position_embeddings", max_pos
+    )
+    factor = params.get("factor")
+    if kind == "yarn" and factor is None and max_pos and original:
+        factor = max_pos / original
+    if factor is None:
+        raise FieldError([(SOURCE, f"config.json rope scaling {kind!r} has no factor")])
+    scaling["factor"] = float(factor)
+    if kind == "dynamic":
+        scaling["max_positions"] = max_pos
+    elif kind == "llama3":
+        scaling.update(
+            max_positions=original,
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        )
+    elif kind == "yarn":
+        attention_factor = params.get("attention_factor")
+        mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+        if attention_factor is None and mscale and mscale_all:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+        scaling.update(
+            max_positions=original,
+            beta_fast=float(params.get("beta_fast") or 32),
+            beta_slow=float(params.get("beta_slow") or 1),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+            truncate=bool(params.get("truncate", True)),
+        )
+    if kind != "linear" and scaling.get("max_positions") is None:
+        raise FieldError(
+            [(SOURCE, f"config.json rope scaling {kind!r} needs max_position_embeddings")]
+        )
+    return theta, scaling
+
+
+def rope_theta_of(hf: dict[str, Any]) -> float:
+    """The rotary base (see ``rope_fields_of``)."""
+    return rope_fields_of(hf)[0]
+
+
+def sliding_fields_of(hf: dict[str, Any], family: str, n_layers: int) -> dict[str, Any]:
+    """``sliding_window`` / ``sliding_layers`` as each family's transformers model
+    applies them: Mixtral and Qwen3-MoE window every layer when ``sliding_window``
+    (Qwen3-MoE: and ``use_sliding_window``) is set; Qwen2/Qwen3 window the layers
+    from ``max_window_layers`` on, Qwen2-MoE the even-numbered ones below it,
+    unless ``layer_types`` names them."""
+    none = {"sliding_window": None, "sliding_layers": None}
+    if family == "mixtral":
+        window = hf.get("sliding_window")
+        return none if window is None else {"sliding_window": int(window), "sliding_layers": None}
+    if family == "qwen3_moe":
+        if not hf.get("use_sliding_window") or hf.get("sliding_window") is None:
+            return none
+        return {"sliding_window": int(hf["sliding_window"]), "sliding_layers": None}
+    if family not in ("qwen2", "qwen3", "qwen2_moe"):
+        return none
+    window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
+    layer_types = hf.get("layer_types")
+    if layer_types is None:
+        top = int(hf.get("max_window_layers") or 0)
+        if window is None:
+            layer_types = ["full_attention"] * n_layers
+        elif family == "qwen2_moe":
+            layer_types = [
+                "sliding_attention" if (i + 1) % 2 and i < top else "full_attention"
+                for i in range(n_layers)
+            ]
+        else:
+            layer_types = [
+                "sliding_attention" if i >= top else "full_attention" for i in range(n_layers)
+            ]
+    layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not layers or not window:
+        return none
+    return {"sliding_window": int(window), "sliding_layers": layers}
 
 
 def _check_common(hf: dict[str, Any], family: str) -> list[tuple[str, str]]:
@@ -125,23 +291,27 @@ def _check_common(hf: dict[str, Any], family: str) -> list[tuple[str, str]]:
                 "load an unquantised (bf16/fp16/fp32) checkpoint",
             )
         )
-    if hf.get("use_sliding_window"):
+    windowed = ("mixtral", "qwen3_moe", "qwen2_moe", "qwen2", "qwen3")
+    if family not in windowed and hf.get("use_sliding_window"):
         errors.append(
-            _unsupported("use_sliding_window", True, "sliding-window attention is not implemented")
+            _unsupported("use_sliding_window", True, f"{family} has no sliding-window attention")
         )
-    if family in ("mixtral", "llama") and hf.get("sliding_window") is not None:
+    if family == "llama" and hf.get("sliding_window") is not None:
         errors.append(
             _unsupported(
                 "sliding_window",
                 hf["sliding_window"],
-                "sliding-window attention is not implemented (set it to null for full "
-                "attention only if the model was trained that way)",
+                "transformers' llama ignores it; set it to null if the model was trained "
+                "with full attention",
             )
         )
     layer_types = hf.get("layer_types") or []
-    other = sorted({t for t in layer_types if t != "full_attention"})
+    allowed = {"full_attention"}
+    if family in ("qwen2", "qwen3", "qwen2_moe"):
+        allowed.add("sliding_attention")
+    other = sorted({t for t in layer_types if t not in allowed})
     if other:
-        errors.append(_unsupported("layer_types", other, "every layer uses full attention"))
+        errors.append(_unsupported("layer_types", other, f"{family} layers: {sorted(allowed)}"))
     if hf.get("clip_qkv") is not None:
         errors.append(_unsupported("clip_qkv", hf["clip_qkv"], "q/k/v clipping is not implemented"))
     if hf.get("router_jitter_noise", 0.0):
@@ -178,11 +348,13 @@ def model_fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
                 )
             ]
         )
+    hf = with_family_defaults(hf)
     errors = _check_common(hf, family)
     if errors:
         raise FieldError(errors)
     n_layers = int(_require(hf, "num_hidden_layers"))
     n_heads = int(_require(hf, "num_attention_heads"))
+    theta, scaling = rope_fields_of(hf)
     fields: dict[str, Any] = {
         "family": family,
         "vocab_size": int(_require(hf, "vocab_size")),
@@ -191,8 +363,10 @@ def model_fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
         "n_heads": n_heads,
         "n_kv_heads": int(hf.get("num_key_value_heads") or n_heads),
         "head_dim": int(hf["head_dim"]) if hf.get("head_dim") else None,
-        "rope_theta": rope_theta_of(hf),
-        "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        **sliding_fields_of(hf, family, n_layers),
+        "norm_eps": float(_require(hf, "rms_norm_eps")),
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "positional": "rope",
         "qk_norm": {"qwen3_moe": "head", "qwen3": "head", "olmoe": "full"}.get(family, "none"),
@@ -264,6 +438,7 @@ def inexpressible(cfg: ModelConfig, family: str) -> list[str]:
         problems.append(f"qk_norm={cfg.qk_norm} (it has {'/'.join(sorted(rules['qk_norm']))})")
     if cfg.attention_bias not in rules["bias"]:
         problems.append(f"attention_bias={cfg.attention_bias}")
+    problems += _sliding_problems(cfg, family)
     if cfg.is_moe != rules["moe"]:
         problems.append("an MoE model" if cfg.is_moe else "a dense model")
     if not (cfg.is_moe and rules["moe"]):
@@ -278,6 +453,58 @@ def inexpressible(cfg: ModelConfig, family: str) -> list[str]:
     if rules.get("norm_topk_prob") and not cfg.norm_topk_prob:
         problems.append("norm_topk_prob=false (it renormalises)")
     return problems
+
+
+def _sliding_problems(cfg: ModelConfig, family: str) -> list[str]:
+    if cfg.sliding_window is None:
+        return []
+    if family in ("olmoe", "llama"):
+        return ["sliding-window attention"]
+    every = cfg.sliding_layers is None or sorted(cfg.sliding_layers) == list(range(cfg.n_layers))
+    if family in ("mixtral", "qwen3_moe") and not every:
+        return ["sliding-window attention in some blocks only (it windows every block)"]
+    return []
+
+
+def rope_parameters_of(cfg: ModelConfig) -> dict[str, Any]:
+    """transformers 5's ``rope_parameters`` for ``cfg`` (inverse of ``rope_fields_of``)."""
+    scaling = cfg.rope_scaling
+    out: dict[str, Any] = {"rope_type": scaling.kind, "rope_theta": cfg.rope_theta}
+    if scaling.kind == "default":
+        return out
+    out["factor"] = scaling.factor
+    if scaling.kind == "llama3":
+        out.update(
+            original_max_position_embeddings=scaling.max_positions,
+            low_freq_factor=scaling.low_freq_factor,
+            high_freq_factor=scaling.high_freq_factor,
+        )
+    elif scaling.kind == "yarn":
+        out.update(
+            original_max_position_embeddings=scaling.max_positions,
+            beta_fast=scaling.beta_fast,
+            beta_slow=scaling.beta_slow,
+            truncate=scaling.truncate,
+        )
+        if scaling.attention_factor is not None:
+            out["attention_factor"] = scaling.attention_factor
+    return out
+
+
+def _sliding_config(cfg: ModelConfig, family: str) -> dict[str, Any]:
+    window = cfg.sliding_window
+    if family == "mixtral":
+        return {"sliding_window": window}
+    if family in ("olmoe", "llama"):
+        return {}
+    out: dict[str, Any] = {"use_sliding_window": window is not None, "sliding_window": window}
+    if family in ("qwen2", "qwen3", "qwen2_moe"):
+        out["layer_types"] = [
+            "sliding_attention" if cfg.uses_sliding_window(i) else "full_attention"
+            for i in range(cfg.n_layers)
+        ]
+        out["max_window_layers"] = cfg.n_layers
+    return out
 
 
 def export_family(cfg: ModelConfig) -> str:
@@ -299,6 +526,16 @@ def export_family(cfg: ModelConfig) -> str:
             ]
         )
     return family
+
+
+def _max_positions(cfg: ModelConfig, base: dict[str, Any]) -> int:
+    """The context the exported config declares: the source checkpoint's (dynamic
+    NTK scaling starts from it), else for a builtin model the run's max_seq_len."""
+    if base.get("max_position_embeddings"):
+        return int(base["max_position_embeddings"])
+    if cfg.rope_scaling.kind == "dynamic":
+        return int(cfg.rope_scaling.max_positions)
+    return cfg.max_seq_len
 
 
 def hf_config_from_model(
@@ -324,15 +561,16 @@ def hf_config_from_model(
             "hidden_act": "silu",
             "rms_norm_eps": cfg.norm_eps,
             "rope_theta": cfg.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "rope_parameters": rope_parameters_of(cfg),
             "tie_word_embeddings": cfg.tie_embeddings,
             "attention_dropout": 0.0,
-            "max_position_embeddings": max(
-                int(out.get("max_position_embeddings") or 0), cfg.max_seq_len
-            ),
+            "max_position_embeddings": _max_positions(cfg, out),
             "torch_dtype": "float32",
         }
     )
+    for stale in ("use_sliding_window", "sliding_window", "layer_types", "max_window_layers"):
+        out.pop(stale, None)
+    out.update(_sliding_config(cfg, family))
     if family in ("qwen2", "qwen2_moe"):
         out["qkv_bias"] = cfg.attention_bias != "none"
     else:
@@ -345,7 +583,6 @@ def hf_config_from_model(
         out.update(
             num_local_experts=cfg.n_experts,
             intermediate_size=cfg.expert_hidden,
-            sliding_window=None,
             router_jitter_noise=0.0,
         )
         return out

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import ExperimentConfig, ModelConfig
+from trainer.config import ExperimentConfig, ModelConfig, RopeScalingConfig
 from trainer.errors import FieldError
 from trainer.hf.families import SHAPE_FIELDS, SOURCE, model_fields_from_hf
 from trainer.hf.weights import Piece, weight_plan
@@ -67,8 +67,11 @@ def resolve_model_source(cfg: ExperimentConfig) -> ExperimentConfig:
     defaults = ModelConfig()
     errors = []
     for name in SHAPE_FIELDS:
-        mine, theirs = getattr(model, name), fields[name]
-        if mine != getattr(defaults, name) and mine != theirs:
+        mine, theirs, default = getattr(model, name), fields[name], getattr(defaults, name)
+        if isinstance(mine, RopeScalingConfig):  # a section: compare its values
+            mine, default = mine.model_dump(), default.model_dump()
+            theirs = RopeScalingConfig.model_validate(theirs).model_dump()
+        if mine != default and mine != theirs:
             errors.append(
                 (
                     f"model.{name}",

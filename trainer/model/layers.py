@@ -13,6 +13,7 @@ hd head dim.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,16 +51,97 @@ def positions_from_mask(attention_mask: torch.Tensor, offset: torch.Tensor | Non
     return pos.clamp_min(0)
 
 
-def rotary_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """RoPE frequencies theta_i = base^(-2i/hd), i < hd/2 (Su et al. 2021)."""
-    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+def rope_frequencies(
+    head_dim: int, base: float, scaling: Any = None, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq (hd/2,) fp32, attention_scaling) for a ``RopeScalingConfig``.
+
+    The formulas of transformers' ``modeling_rope_utils`` (parity-tested in
+    tests/trainer/test_hf_rope.py):
+
+    * linear (Chen et al. 2023, position interpolation): theta_i / factor.
+    * dynamic (NTK-aware, /u/emozilla): past ``max_positions`` the base grows to
+      base * (factor * S / max_positions - (factor - 1))^(hd / (hd - 2)) for a
+      sequence of S positions; within it, plain RoPE.
+    * yarn (Peng et al. 2023, arXiv 2309.00071): a linear ramp between
+      interpolated (theta_i / factor) and extrapolated (theta_i) frequencies over
+      the dims whose wavelength rotates between beta_slow and beta_fast times in
+      the pretraining context; cos/sin scaled by 0.1 ln(factor) + 1 (eq. 21).
+    * llama3 (Llama 3.1): wavelengths above max_positions / low_freq_factor are
+      divided by factor, below max_positions / high_freq_factor kept, smoothly
+      interpolated between.
+    """
+    kind = "default" if scaling is None else scaling.kind
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if kind == "dynamic" and seq_len is not None and seq_len > scaling.max_positions:
+        factor = scaling.factor
+        base = base * ((factor * seq_len / scaling.max_positions) - (factor - 1)) ** (
+            head_dim / (head_dim - 2)
+        )
+    inv_freq = 1.0 / base**exponents
+    if kind == "linear":
+        return inv_freq / scaling.factor, 1.0
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, base, scaling)
+    return inv_freq, 1.0
 
 
-def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
-    """cos, sin of shape (B, 1, T, hd) in fp32 for positions (B, T)."""
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: Any) -> torch.Tensor:
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old_context = scaling.max_positions
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(head_dim: int, base: float, scaling: Any) -> tuple[torch.Tensor, float]:
+    factor = scaling.factor
+    attention_factor = scaling.attention_factor
+    if attention_factor is None:
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    def correction_dim(rotations: float) -> float:
+        # the dim whose wavelength fits ``rotations`` times in the pretraining context
+        return (head_dim * math.log(scaling.max_positions / (rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    pos_freqs = base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1 = extrapolate (high-frequency dims keep their frequency)
+    return interpolation * (1 - keep) + extrapolation * keep, float(attention_factor)
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0):
+    """cos, sin of shape (B, 1, T, hd) in fp32 for positions (B, T), times ``scale``
+    (YaRN's attention factor; 1 for the other kinds)."""
     angles = positions.float()[..., None] * inv_freq.to(positions.device)  # (B, T, hd/2)
     angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, hd)
+    if scale != 1.0:
+        return angles.cos() * scale, angles.sin() * scale
     return angles.cos(), angles.sin()
+
+
+def dynamic_rope_length(positions: torch.Tensor, scaling: Any) -> int | None:
+    """The sequence length dynamic NTK scaling grows the base for (max position + 1,
+    as transformers' ``dynamic_rope_update``), or None when nothing changes."""
+    if scaling is None or scaling.kind != "dynamic":
+        return None
+    seq_len = int(positions.max()) + 1
+    return seq_len if seq_len > scaling.max_positions else None
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -69,20 +151,27 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
-def attention_bias_mask(key_valid: torch.Tensor, q_len: int) -> torch.Tensor:
+def attention_bias_mask(
+    key_valid: torch.Tensor, q_len: int, window: int | None = None
+) -> torch.Tensor:
     """Boolean SDPA mask (B, 1, T, S), True = may attend.
 
     Causal over the last ``q_len`` of the ``S`` keys, AND the key is a real
     token. Every query may also attend to itself so that pad queries (left or
     right padding) still have one key and produce finite (ignored) outputs
     instead of NaN; a real query's own key is real anyway, so this changes
-    nothing for real tokens.
+    nothing for real tokens. With ``window`` a query at column q sees only
+    keys at columns > q - window (transformers' ``sliding_window_overlay``;
+    columns, not position ids, as transformers' cache positions: the same
+    distance for the contiguous real tokens of a left-padded row).
     """
     s = key_valid.shape[-1]
     device = key_valid.device
     q_pos = torch.arange(s - q_len, s, device=device)[:, None]  # (T, 1)
     k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
     causal = k_pos <= q_pos
+    if window is not None:
+        causal = causal & (k_pos > q_pos - window)
     diagonal = k_pos == q_pos
     return (causal & key_valid[:, None, None, :]) | diagonal
 

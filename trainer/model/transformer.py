@@ -25,11 +25,12 @@ from trainer.model.layers import (
     RMSNorm,
     SwiGLU,
     attention_bias_mask,
+    dynamic_rope_length,
     init_normal_,
     positions_from_mask,
     residual_std,
+    rope_frequencies,
     rotary_cos_sin,
-    rotary_inv_freq,
 )
 from trainer.model.moe import LayerRouting, MoELayer
 
@@ -98,11 +99,10 @@ class TransformerLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.value_head = nn.Linear(cfg.d_model, 1) if value_head else None
         if cfg.positional == "rope":
-            self.register_buffer(
-                "rope_inv_freq",
-                rotary_inv_freq(cfg.resolved_head_dim, cfg.rope_theta),
-                persistent=False,
+            inv_freq, self.rope_scale = rope_frequencies(
+                cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling
             )
+            self.register_buffer("rope_inv_freq", inv_freq, persistent=False)
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -138,6 +138,17 @@ class TransformerLM(nn.Module):
             and torch.is_grad_enabled()
         )
 
+    def _inv_freq_for(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rotary frequencies for these positions: fixed, except dynamic NTK
+        scaling past its context (recomputed for max position + 1)."""
+        seq_len = dynamic_rope_length(positions, self.cfg.rope_scaling)
+        if seq_len is None:
+            return self.rope_inv_freq
+        inv_freq, _ = rope_frequencies(
+            self.cfg.resolved_head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
+        )
+        return inv_freq.to(positions.device)
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -166,13 +177,15 @@ class TransformerLM(nn.Module):
                 key_valid = torch.cat((kv_cache.mask, attention_mask), dim=1)
             kv_cache.mask = key_valid
         mask4d = attention_bias_mask(key_valid, t)
+        window = self.cfg.sliding_window
+        slide4d = attention_bias_mask(key_valid, t, window) if window is not None else None
 
         x = self.tok_emb(tokens)
         rope = None
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
         else:
-            rope = rotary_cos_sin(positions, self.rope_inv_freq)
+            rope = rotary_cos_sin(positions, self._inv_freq_for(positions), self.rope_scale)
 
         routings: list[LayerRouting] = []
         moe_i = 0
@@ -183,7 +196,8 @@ class TransformerLM(nn.Module):
                     override = routing_override[moe_i]
                     mask_i = override_mask[moe_i] if override_mask is not None else None
                 moe_i += 1
-            args = (x, mask4d, rope, kv_cache, i, override, mask_i, return_routing)
+            mask_b = slide4d if self.cfg.uses_sliding_window(i) else mask4d
+            args = (x, mask_b, rope, kv_cache, i, override, mask_i, return_routing)
             if self._checkpoint_blocks(kv_cache):
                 x, routing = _checkpointed_block(block, *args)
             else:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig
@@ -28,16 +29,22 @@ from trainer.model.expert_parallel import all_finished, run_on_owners
 from trainer.model.layers import (
     apply_rotary,
     attention_bias_mask,
+    dynamic_rope_length,
     positions_from_mask,
     repeat_kv,
     rms_norm,
+    rope_frequencies,
     rotary_cos_sin,
-    rotary_inv_freq,
 )
 from trainer.rollout.numerics import Numerics
 from trainer.rollout.router_noise import RouterNoise
 from trainer.rollout.routing_pack import PackedRouting, index_dtype
-from trainer.rollout.sampling import sample_next, scaled_logprobs
+from trainer.rollout.sampling import (
+    replay_draws,
+    sample_next,
+    sampling_stream,
+    scaled_logprobs,
+)
 
 
 @dataclass
@@ -107,7 +114,10 @@ class RolloutEngine:
         device: torch.device | str = "cpu",
         moe_backend: str = "auto",
         router_noise: RouterNoise | None = None,
+        stop_check_every: int = 8,
     ):
+        if stop_check_every < 1:
+            raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
         self.cfg = cfg
         # The routing-only dose (trainer.rollout.router_noise): None or sigma 0 = off.
         self.router_noise = router_noise if router_noise and router_noise.active else None
@@ -115,6 +125,10 @@ class RolloutEngine:
         self.num = Numerics(precision, device)
         self.device = self.num.device
         self.moe_backend = moe_backend
+        # Decode steps between two checks whether every row stopped: the check
+        # reads a flag on the host (a sync); between checks the loop runs on
+        # without waiting (``_sample``).
+        self.stop_check_every = stop_check_every
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.resolved_n_kv_heads
         self.head_dim = cfg.resolved_head_dim
@@ -123,7 +137,10 @@ class RolloutEngine:
         # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
         # needs as many key as query heads and no per-tensor q/k norm.
         self.joint_qk = self.n_kv_heads == self.n_heads and cfg.qk_norm == "none"
-        self.inv_freq = rotary_inv_freq(self.head_dim, cfg.rope_theta).to(self.device)
+        inv_freq, self.rope_scale = rope_frequencies(
+            self.head_dim, cfg.rope_theta, cfg.rope_scaling
+        )
+        self.inv_freq = inv_freq.to(self.device)
         self.layers: list[_Layer] = []
         self.loaded = False
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -252,11 +269,33 @@ class RolloutEngine:
         """
         if self._rope is None or self._rope.shape[0] < length:
             positions = torch.arange(length, device=self.device)[None]
-            cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq))
+            cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq, self.rope_scale))
             half = self.head_dim // 2
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
             self._rope = torch.stack((cos, sin), dim=1)
         return self._rope
+
+    def _inv_freq_for(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rotary frequencies for these positions: fixed, except dynamic NTK scaling
+        past its context (recomputed for max position + 1, as transformers)."""
+        seq_len = dynamic_rope_length(positions, self.cfg.rope_scaling)
+        if seq_len is None:
+            return self.inv_freq
+        inv_freq, _ = rope_frequencies(
+            self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
+        )
+        return inv_freq.to(self.device)
+
+    def _decode_angles(self, position: torch.Tensor) -> torch.Tensor:
+        """(B, 2, hd) cos and sign-folded sin for the decode positions (B,): rows of
+        ``_rope_table``, or computed afresh where dynamic NTK scaling grows the base."""
+        if dynamic_rope_length(position, self.cfg.rope_scaling) is None:
+            return self._rope[position]
+        cos, sin = rotary_cos_sin(position[:, None], self._inv_freq_for(position))
+        cos, sin = cos[:, 0, 0], sin[:, 0, 0]  # (B, hd)
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return torch.stack((cos, sin), dim=1)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm in fp32. With fp32 storage the fused ``F.rms_norm`` kernel
@@ -309,7 +348,7 @@ class RolloutEngine:
             inverse=torch.empty_like(order).scatter_(0, order, slots),
             token=order.div(top.shape[-1], rounding_mode="floor"),
             counts=counts,
-            offsets=counts.cumsum(0, dtype=torch.int32),
+            offsets=offsets,
         )
 
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,9 +432,11 @@ class RolloutEngine:
         if self.pos_emb is not None:
             x = num.round_(x + self.pos_emb[positions])
         else:
-            rope = rotary_cos_sin(positions, self.inv_freq)
+            rope = rotary_cos_sin(positions, self._inv_freq_for(positions), self.rope_scale)
         mask4d = attention_bias_mask(key_valid, t)
         cache = self._cache if cache_start is not None else None
+        window = self.cfg.sliding_window
+        slide4d = attention_bias_mask(key_valid, t, window) if window is not None else None
         moe_i = 0
         for i, layer in enumerate(self.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
@@ -408,7 +449,9 @@ class RolloutEngine:
                 cache[1][i, :, :, cache_start:end] = v
                 k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
             k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
-            y = num.round_(_attention(q, k, v, mask4d))
+            y = num.round_(
+                _attention(q, k, v, slide4d if self.cfg.uses_sliding_window(i) else mask4d)
+            )
             y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
             x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
 
@@ -451,12 +494,17 @@ class RolloutEngine:
         if self.pos_emb is not None:
             x = num.round_(x + self.pos_emb[position])
         else:
-            angles = self._rope[position]  # (B, 2, hd)
+            angles = self._decode_angles(position)  # (B, 2, hd)
             cos = angles[:, 0].view(b, 1, 1, head_dim)
             sin = angles[:, 1].view(b, 1, 1, head_dim)
         keys, values = self._cache
         end = col + 1
         scale = head_dim**-0.5
+        slide_bias = None
+        if self.cfg.sliding_window is not None:
+            # transformers' sliding window: a query at column q sees columns > q - window
+            slide_bias = key_bias.clone()
+            slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
         moe_i = 0
         for i, layer in enumerate(self.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
@@ -478,7 +526,8 @@ class RolloutEngine:
             # query heads of key head j are rows of one (g, hd) @ (hd, S) product.
             q = q.reshape(b, n_kv, groups, head_dim)
             scores = (q @ keys[i, :, :, :end].transpose(-1, -2)) * scale  # (B, Hkv, g, S)
-            weights = (scores.float() + key_bias).softmax(-1)
+            bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
+            weights = (scores.float() + bias).softmax(-1)
             y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, Hkv, g, hd)
             y = y.view(b, n_heads * head_dim)
             x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
@@ -614,11 +663,18 @@ class RolloutEngine:
         if use_kv_cache:
             n_real, key_bias = self._decode_state(prompt_valid, total)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
-        end = p
+        # The stop condition is read on the host every ``stop_check_every`` steps
+        # only (a sync each); a loop that ran past the stop is undone below, so
+        # tokens, log-probs, routing and the generator's state equal those of a
+        # check after every token.
+        stream = sampling_stream(generator, self.device) if temperature > 0 else None
+        stream_state, stream_from, step = None, 0, -1
         for step in range(max_new_tokens):
             col = p + step
             logp = scaled_logprobs(next_logits, temperature)
-            nxt = sample_next(logp, temperature, top_p, generator)
+            if stream is not None and eos_id is not None and step % self.stop_check_every == 0:
+                stream_state, stream_from = stream.get_state(), step
+            nxt = sample_next(logp, temperature, top_p, stream)
             if eos_id is None:  # no row ever stops: every row is alive
                 alive = None
                 tokens[:, col] = nxt
@@ -631,12 +687,10 @@ class RolloutEngine:
                 mask[:, col] = alive
                 logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
                 finished = finished | (alive & (nxt == eos_id))
-            # Under expert parallelism a rank that is done decodes pads for its group
-            # but returns none of them; alone, a live row is certain here (no sync).
-            if self.expert_shard is None or alive is None or bool(alive.any()):
-                end = col + 1
             if step == max_new_tokens - 1 or (
-                alive is not None and all_finished(finished, self.expert_shard)
+                alive is not None
+                and (step + 1) % self.stop_check_every == 0
+                and all_finished(finished, self.expert_shard)
             ):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
@@ -657,8 +711,31 @@ class RolloutEngine:
             else:
                 next_logits = self._recompute_next(tokens, mask, col, routing)
         return tokens, mask, logprobs, routing, end
+        if eos_id is None:
+            return tokens, mask, logprobs, routing, total
+        # Columns up to the last one where a row was alive (every row is alive at
+        # step 0 and a stopped row stays stopped): one host read per call. Under
+        # expert parallelism a rank that is done decodes pads for its group but
+        # returns none of them.
+        end = p + int(mask[:, p:].any(0).sum())
+        stop = self._group_stop_step(end - p - 1)  # the step after which every row had stopped
+        if step > stop:  # sampled past the stop: undo what a per-step check never did
+            if routing is not None:
+                routing[:, :, p + stop :] = 0  # columns fed only after the stop
+            if stream is not None:
+                replay_draws(stream, stream_state, stop + 1 - stream_from, next_logits)
 
     def _decode_state(
+    def _group_stop_step(self, local_stop: int) -> int:
+        """The decode step at which every row had stopped: here, and under expert
+        parallelism on every rank of the group (which decodes in lockstep until
+        its last rank is done); ``local_stop`` is this rank's."""
+        if self.expert_shard is None:
+            return local_stop
+        stop = torch.tensor([local_stop], device=self.device)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=self.expert_shard.group)
+        return int(stop.item())
+
         self, prompt_valid: torch.Tensor, total: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """KV-cache decode state, updated in place by the loop: (B,) next position ids
