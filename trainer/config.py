@@ -443,6 +443,13 @@ class WarmStartConfig(Section):
     lr: float = Field(3e-3, gt=0, le=1.0, description="SFT learning rate (AdamW).")
     eval_every: int = Field(50, ge=1, description="SFT steps between accuracy checks.")
     eval_size: int = Field(128, ge=8, description="Problems per SFT accuracy check (greedy).")
+    aux_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        le=10.0,
+        description="Switch load-balancing loss weight during the warm start (MoE): keeps "
+        "the base's experts alive, so its routing has near-ties. 0 = off.",
+    )
     cache: bool = Field(True, description="Reuse a base policy trained with the same config hash.")
     seed: int = Field(
         0,

@@ -65,6 +65,65 @@ def mismatch_stats(train_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> di
     return dict(zip(keys, values, strict=True))
 
 
+# --------------------------------------------------------------------------- estimator health
+def estimator_stats(
+    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, sum_ranks: SumRanks | None = None
+) -> tuple[dict[str, float], float]:
+    """How degraded the importance-sampling estimator is by the engine gap.
+
+    rho = pi_old / pi_rollout = exp(old_logp - rollout_logp) per masked token
+    (B, T); log w = sum of log rho over a sequence's masked tokens (B,). Over
+    the batch (every rank's, with ``sum_ranks``):
+
+    * ``is/chi2_token`` = mean(rho^2) - 1; ``is/chi2_seq`` = mean(w^2) - 1: the
+      chi-square divergence of the two distributions, the factor by which the
+      IS estimator's variance grows (verl's ``rollout_corr`` chi2 metrics).
+    * ``is/ess_token`` = (sum rho)^2 / (N sum rho^2); ``is/ess_seq`` the same
+      over w: the effective sample size as a share of the samples (Kong 1992).
+    * ``is/seq_log_ratio_mean`` / ``_abs``: mean of log w and of |log w|.
+
+    Returns the means and the local largest |log w| (``is/seq_log_ratio_max``,
+    to be reduced with a maximum). Computed in float64: w^2 of a sequence
+    with |log w| = 40 is still finite there.
+    """
+    m = mask.bool()
+    log_rho = torch.where(m, old_logp.double() - rollout_logp.double(), 0.0)
+    rho = torch.where(m, log_rho.exp(), 0.0)
+    has = m.any(dim=-1)
+    log_w = log_rho.sum(dim=-1)[has]
+    w = log_w.exp()
+    sums = torch.stack(
+        [
+            m.sum().double(),
+            rho.sum(),
+            rho.pow(2).sum(),
+            has.sum().double(),
+            w.sum(),
+            w.pow(2).sum(),
+            log_w.sum(),
+            log_w.abs().sum(),
+        ]
+    )
+    if sum_ranks is not None:
+        sums = sum_ranks(sums)
+    n_tok, s_rho, s_rho2, n_seq, s_w, s_w2, s_lw, s_alw = sums.tolist()
+    n_tok, n_seq = max(n_tok, 1.0), max(n_seq, 1.0)
+
+    def ess(total: float, total_sq: float, n: float) -> float:
+        return total * total / (n * total_sq) if total_sq > 0 else 1.0
+
+    means = {
+        mk.IS_CHI2_TOKEN: s_rho2 / n_tok - 1.0,
+        mk.IS_CHI2_SEQ: s_w2 / n_seq - 1.0,
+        mk.IS_ESS_TOKEN: ess(s_rho, s_rho2, n_tok),
+        mk.IS_ESS_SEQ: ess(s_w, s_w2, n_seq),
+        mk.IS_SEQ_LOG_RATIO_MEAN: s_lw / n_seq,
+        mk.IS_SEQ_LOG_RATIO_ABS: s_alw / n_seq,
+    }
+    local_max = float(log_w.abs().max()) if log_w.numel() else 0.0
+    return means, local_max
+
+
 # --------------------------------------------------------------------------- routing mismatch
 def routing_differs(a: Tensor, b: Tensor) -> Tensor:
     """``(B, T)`` bool: True where the top-k expert SETS of ``a`` and ``b`` differ.

@@ -64,6 +64,22 @@ TIS_CLIP_FRAC = "tis/clip_frac"
 TIS_RATIO_MEAN = "tis/ratio_mean"
 TIS_RATIO_MAX = "tis/ratio_max"
 TIS_MASKED_FRAC = "tis/masked_frac"
+# How degraded the importance-sampling estimator is by the engine gap, as verl's
+# rollout-correction metrics and slime's train/rollout diagnostics log it:
+# rho = pi_old / pi_rollout per response token, w = prod rho per sequence.
+IS_CHI2_TOKEN = "is/chi2_token"  # E[rho^2] - 1 (chi-square divergence, token level)
+IS_CHI2_SEQ = "is/chi2_seq"  # E[w^2] - 1 (sequence level)
+IS_ESS_TOKEN = "is/ess_token"  # (sum rho)^2 / (N sum rho^2), in (0, 1]
+IS_ESS_SEQ = "is/ess_seq"  # the same over sequence weights w
+IS_SEQ_LOG_RATIO_MEAN = "is/seq_log_ratio_mean"  # mean of log w
+IS_SEQ_LOG_RATIO_ABS = "is/seq_log_ratio_abs"  # mean of |log w|
+IS_SEQ_LOG_RATIO_MAX = "is/seq_log_ratio_max"  # largest |log w|
+# The gap between the policy being updated and the rollout, on each minibatch's
+# tokens (k3 of pi_theta vs pi_rollout): it grows through the off-policy minibatches.
+POLICY_ROLLOUT_K3 = "policy/rollout_k3"
+# The clip share of each step's first minibatch, before any update of that step:
+# with rollout behaviour log-probs it is what the clip spends on the engine gap alone.
+POLICY_CLIP_FRAC_FIRST = "policy/clip_frac_first_minibatch"
 R3_REPLAYED_FRAC = "r3/replayed_frac"
 R3_BYTES_PER_TOKEN_LAYER = "r3/bytes_per_token_layer"
 
@@ -137,6 +153,15 @@ SCALAR_KEYS: tuple[str, ...] = (
     TIS_RATIO_MEAN,
     TIS_RATIO_MAX,
     TIS_MASKED_FRAC,
+    IS_CHI2_TOKEN,
+    IS_CHI2_SEQ,
+    IS_ESS_TOKEN,
+    IS_ESS_SEQ,
+    IS_SEQ_LOG_RATIO_MEAN,
+    IS_SEQ_LOG_RATIO_ABS,
+    IS_SEQ_LOG_RATIO_MAX,
+    POLICY_ROLLOUT_K3,
+    POLICY_CLIP_FRAC_FIRST,
     R3_REPLAYED_FRAC,
     R3_BYTES_PER_TOKEN_LAYER,
     OPTIM_LR,
@@ -221,6 +246,7 @@ SECTION_BALANCE = "Expert balance"
 SECTION_TEMPERATURE = "Router temperature"
 SECTION_GRADIENTS = "Gradients"
 SECTION_CLIPPING = "Clipping and importance sampling"
+SECTION_ESTIMATOR = "Off-policy estimator"
 RUN_PAGE_SECTIONS: tuple[str, ...] = (
     SECTION_REWARD,
     SECTION_MISMATCH,
@@ -228,6 +254,7 @@ RUN_PAGE_SECTIONS: tuple[str, ...] = (
     SECTION_TEMPERATURE,
     SECTION_GRADIENTS,
     SECTION_CLIPPING,
+    SECTION_ESTIMATOR,
 )
 
 SHARE = "share"
@@ -297,6 +324,21 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(TIS_CLIP_FRAC, "TIS clip share", SHARE, section=SECTION_CLIPPING),
     MetricSpec(TIS_MASKED_FRAC, TIS_MASKED_FRAC, SHARE),
     MetricSpec(R3_REPLAYED_FRAC, R3_REPLAYED_FRAC, SHARE, moe_only=True),
+    MetricSpec(
+        POLICY_CLIP_FRAC_FIRST, "clip share, first minibatch (engine gap only)", SHARE,
+        section=SECTION_CLIPPING,
+    ),
+    MetricSpec(IS_CHI2_TOKEN, "chi-square, token (E[rho^2] - 1)", section=SECTION_ESTIMATOR),
+    MetricSpec(IS_CHI2_SEQ, "chi-square, sequence (E[w^2] - 1)", section=SECTION_ESTIMATOR),
+    MetricSpec(IS_ESS_TOKEN, "effective sample size, token", SHARE, section=SECTION_ESTIMATOR),
+    MetricSpec(IS_ESS_SEQ, "effective sample size, sequence", SHARE, section=SECTION_ESTIMATOR),
+    MetricSpec(IS_SEQ_LOG_RATIO_ABS, "mean |sequence log-ratio|", section=SECTION_ESTIMATOR),
+    MetricSpec(IS_SEQ_LOG_RATIO_MAX, "largest |sequence log-ratio|", section=SECTION_ESTIMATOR),
+    MetricSpec(IS_SEQ_LOG_RATIO_MEAN, "mean sequence log-ratio"),
+    MetricSpec(
+        POLICY_ROLLOUT_K3, "KL (k3) of the updated policy to the rollout", KL_UNIT,
+        section=SECTION_ESTIMATOR, scale=KL_SCALE,
+    ),
 )  # fmt: skip
 
 # key -> spec. The dashboards read it at call time, so an added entry shows up

@@ -16,7 +16,9 @@ A study definition is JSON (the platform runs the same definition as a sweep):
 Each run's config = base preset + base ``set`` + the variant's ``set`` +
 ``run.seed``, and the same seed in every field of ``"seed_fields"`` (e.g.
 ``["warm_start.seed"]``: each seed then starts from its own independently
-warm-started base, so the seeds replicate the base as well as the RL run). Runs land in OUT/<variant>/seed<k>/; a finished run is not run
+warm-started base, so the seeds replicate the base as well as the RL run;
+with ``"bases": N`` the fields get ``seed % N`` instead, N bases shared by the
+seeds in turn). Runs land in OUT/<variant>/seed<k>/; a finished run is not run
 again, so an interrupted study continues where it stopped.
 
 Collapse steps are censored: a run that never collapsed counts as surviving to
@@ -79,6 +81,11 @@ class StudyDefinition:
     dose: dict[str, Any] | None = None
     # Config fields that every seed also sets to the seed (see the module docstring).
     seed_fields: list[str] = field(default_factory=list)
+    # With ``bases`` = N the seed fields get seed % N: seeds k, k + N, ... share base k,
+    # so a cell's runs spread over N independently warm-started bases.
+    bases: int | None = None
+    # "causal": also write the pre-registered analysis (trainer.analysis.causal_report).
+    analysis: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudyDefinition:
@@ -108,6 +115,8 @@ class StudyDefinition:
             reference=data.get("reference"),
             dose=data.get("dose"),
             seed_fields=_seed_fields(data.get("seed_fields", [])),
+            bases=_bases(data.get("bases"), data.get("seed_fields")),
+            analysis=_analysis(data.get("analysis")),
         )
         if study.reference is not None and study.reference not in names:
             raise FieldError([("reference", f"no variant named {study.reference!r}")])
@@ -115,6 +124,10 @@ class StudyDefinition:
             for seed in study.seeds[:1]:
                 study.config_for(variant, seed)
         return study
+
+    def base_of(self, seed: int) -> int:
+        """The value the seed fields get for ``seed`` (the base it starts from)."""
+        return seed % self.bases if self.bases else seed
 
     def config_for(self, variant: Variant, seed: int, extra: list[str] = ()) -> ExperimentConfig:
         data = apply_overrides(
@@ -124,7 +137,7 @@ class StudyDefinition:
                 *variant.overrides,
                 *extra,
                 f"run.seed={seed}",
-                *(f"{path}={seed}" for path in self.seed_fields),
+                *(f"{path}={self.base_of(seed)}" for path in self.seed_fields),
             ],
         )
         try:
@@ -133,6 +146,25 @@ class StudyDefinition:
             raise FieldError(
                 [(f"variants.{variant.name}.{path}", msg) for path, msg in exc.errors]
             ) from None
+
+
+ANALYSES = ("causal",)
+
+
+def _analysis(value: Any) -> str | None:
+    if value is not None and value not in ANALYSES:
+        raise FieldError([("analysis", f"one of {', '.join(ANALYSES)}, or leave it out")])
+    return value
+
+
+def _bases(value: Any, seed_fields: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise FieldError([("bases", "give a positive number of bases")])
+    if not seed_fields:
+        raise FieldError([("bases", 'needs seed_fields, e.g. ["warm_start.seed"]')])
+    return value
 
 
 def _seed_fields(value: Any) -> list[str]:
@@ -200,6 +232,11 @@ def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[
                 print(f"  [{i}/{len(jobs)}] {run_dir}  ({time.perf_counter() - t0:.0f}s)")
     results = collect_results(study, out)
     write_report(study, results, out)
+    if study.analysis == "causal":
+        from trainer.analysis.causal_report import causal_report
+
+        causal_report(study, out)
+        print((out / "causal.md").read_text())
     return results
 
 

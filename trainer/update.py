@@ -47,7 +47,7 @@ from trainer.distributed import (
     shard_model_experts,
     sharded_grad_norm,
 )
-from trainer.measure import expert_stats, mismatch_stats, routing_mismatch
+from trainer.measure import estimator_stats, expert_stats, mismatch_stats, routing_mismatch
 from trainer.model import TransformerLM
 from trainer.precision import MasterWeights
 from trainer.rollout_data import RolloutData
@@ -86,6 +86,14 @@ def measure_batch(
         data.response_mask,
         dist,
     )
+    estimator, largest = estimator_stats(
+        data.old_logp,
+        data.rollout_logp,
+        data.response_mask,
+        sum_ranks=dist.sum if dist.enabled else None,
+    )
+    metrics.update(estimator)
+    metrics.update(dist.maxima({K.IS_SEQ_LOG_RATIO_MAX: largest}))
 
     if is_moe and out.routing is not None:
         data.old_routing = [r.natural_indices for r in out.routing]
@@ -318,6 +326,8 @@ class PolicyUpdater:
             for chunk in order.chunk(n_mb):
                 rows = (chunk[(chunk >= first) & (chunk < end)] - first).to(data.tokens.device)
                 stats = self._minibatch_step(data, rows, advantages, returns, weights, entropy_coef)
+                if not totals:  # the step's first minibatch: no update of this step yet
+                    stats[K.POLICY_CLIP_FRAC_FIRST] = stats[K.POLICY_CLIP_FRAC]
                 finite &= stats.pop("_finite")
                 for key, value in stats.items():
                     totals.setdefault(key, []).append(value)
@@ -396,6 +406,11 @@ class PolicyUpdater:
             K.POLICY_CLIP_FRAC: (float(pstats.clip_frac), count[policy_agg] if
                                  algo.spec.ratio == "sequence" else n_tok),
         }  # fmt: skip
+
+        # The updated policy's distance from the rollout on this minibatch's tokens
+        # (mismatch_stats' k3 with pi_theta in place of pi_old).
+        log_r = torch.where(mask, logp.detach() - data.rollout_logp[rows], 0.0)
+        means[K.POLICY_ROLLOUT_K3] = (float(masked_mean(torch.expm1(log_r) - log_r, mask)), n_tok)
 
         entropy = aggregate(entropy_from_logits(out.logits), mask, algo.loss_agg)
         means[K.POLICY_ENTROPY] = (entropy.item(), count[algo.loss_agg])

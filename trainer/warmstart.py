@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.algorithms.balance import switch_aux_loss
 from trainer.algorithms.losses import gather_logprobs
 from trainer.config import ExperimentConfig
 from trainer.data import collate_sft
@@ -59,11 +60,32 @@ def warm_start_key(cfg: ExperimentConfig, vocab_size: int, device: torch.device)
     return f"{key}-cpu{torch.get_num_threads()}" if device.type == "cpu" else key
 
 
-def _sft_loss(model: TransformerLM, problems, task: Task, device: torch.device) -> torch.Tensor:
+def _sft_loss(
+    model: TransformerLM, problems, task: Task, device: torch.device, aux_loss_coef: float = 0.0
+) -> torch.Tensor:
+    """Next-token NLL of the targets, plus ``aux_loss_coef`` x the Switch balance
+    loss averaged over the MoE layers (``warm_start.aux_loss_coef``): a base
+    without dead experts has near-ties for a rollout engine to flip."""
     tokens, mask, loss_mask = collate_sft(problems, task.tokenizer, device)
-    logits = model(tokens, attention_mask=mask).logits
-    logp = gather_logprobs(logits, tokens)
-    return -(logp * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+    balance = aux_loss_coef > 0 and model.cfg.is_moe
+    out = model(tokens, attention_mask=mask, return_routing=balance)
+    logp = gather_logprobs(out.logits, tokens)
+    loss = -(logp * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+    if balance:
+        flat = mask.reshape(-1)
+        aux = torch.stack(
+            [
+                switch_aux_loss(
+                    r.probs.reshape(-1, r.probs.shape[-1]),
+                    r.natural_indices.reshape(-1, r.natural_indices.shape[-1]),
+                    model.cfg.n_experts,
+                    mask=flat,
+                )
+                for r in out.routing
+            ]
+        ).mean()
+        loss = loss + aux_loss_coef * aux
+    return loss
 
 
 def train_base_policy(
@@ -136,7 +158,7 @@ def _train(
             if interrupt is not None:
                 interrupt()
             model.train()
-            loss = _sft_loss(model, task.sample(ws.batch_size, rng), task, device)
+            loss = _sft_loss(model, task.sample(ws.batch_size, rng), task, device, ws.aux_loss_coef)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

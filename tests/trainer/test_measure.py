@@ -7,6 +7,7 @@ import torch
 
 from trainer import metric_keys as mk
 from trainer.measure import (
+    estimator_stats,
     expert_load,
     expert_stats,
     max_violation,
@@ -123,3 +124,29 @@ def test_expert_stats_per_layer_and_means():
     bare = expert_stats([torch.tensor([[[0], [1]]])], mask, n_experts=2)
     assert mk.EXPERTS_ROUTER_ENTROPY not in bare
     assert bare[mk.EXPERTS_MAX_VIOLATION] == 0.0
+
+
+def test_estimator_chi_square_ess_and_sequence_log_ratios_by_hand():
+    # rho = pi_old / pi_rollout: sequence 1 has tokens with rho 2 and 1, sequence 2
+    # one token with rho 0.5 (the padded slot is masked out).
+    old = torch.tensor([[math.log(2.0), 0.0], [math.log(0.5), 5.0]])
+    rollout = torch.zeros(2, 2)
+    mask = torch.tensor([[True, True], [True, False]])
+    means, largest = estimator_stats(old, rollout, mask)
+    # token: mean rho^2 = (4 + 1 + 0.25) / 3; ESS = 3.5^2 / (3 * 5.25)
+    assert means[mk.IS_CHI2_TOKEN] == pytest.approx(5.25 / 3 - 1)
+    assert means[mk.IS_ESS_TOKEN] == pytest.approx(12.25 / 15.75)
+    # sequence: w = (2, 0.5); mean w^2 = 2.125; ESS = 2.5^2 / (2 * 4.25)
+    assert means[mk.IS_CHI2_SEQ] == pytest.approx(1.125)
+    assert means[mk.IS_ESS_SEQ] == pytest.approx(6.25 / 8.5)
+    assert means[mk.IS_SEQ_LOG_RATIO_MEAN] == pytest.approx(0.0, abs=1e-12)
+    assert means[mk.IS_SEQ_LOG_RATIO_ABS] == pytest.approx(math.log(2.0))
+    assert largest == pytest.approx(math.log(2.0))
+
+
+def test_estimator_of_identical_policies_is_perfect():
+    lp = torch.randn(3, 5)
+    means, largest = estimator_stats(lp, lp, torch.ones(3, 5, dtype=torch.bool))
+    assert means[mk.IS_CHI2_TOKEN] == 0 and means[mk.IS_CHI2_SEQ] == 0
+    assert means[mk.IS_ESS_TOKEN] == 1 and means[mk.IS_ESS_SEQ] == 1
+    assert largest == 0

@@ -1,0 +1,160 @@
+"""Study statistics: Holm, intervals, the power simulator and the Cox models (lifelines)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trainer import metric_keys as K
+from trainer.analysis.calibration import balance_of
+from trainer.analysis.intervals import bca_interval, holm, t_interval
+from trainer.analysis.power import Design, power, simulate_study
+from trainer.analysis.survival import (
+    GAP_UNIT,
+    architecture_model,
+    dose_model,
+    lead_lag_frame,
+    lead_lag_model,
+    run_gap,
+    run_table,
+)
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.02, 0.04 -> 3 x 0.01 = 0.03, 2 x 0.02 = 0.04, 1 x 0.04 = 0.04
+    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    # monotone: a later (larger) p never gets a smaller adjusted value
+    # sorted 0.001 x 4, 0.02 x 3, 0.5 x 2 = 1.0, then 0.9 x 1 stays at the running 1.0
+    assert holm([0.001, 0.9, 0.02, 0.5]) == pytest.approx([0.004, 1.0, 0.06, 1.0])
+
+
+def test_t_interval_by_hand():
+    # mean 2, sd 1, n 3: t(0.975, 2) = 4.302653 -> 2 +- 4.302653 / sqrt(3)
+    low, high = t_interval([1.0, 2.0, 3.0])
+    assert low == pytest.approx(2 - 4.302653 / math.sqrt(3), rel=1e-6)
+    assert high == pytest.approx(2 + 4.302653 / math.sqrt(3), rel=1e-6)
+    assert t_interval([5.0]) is None
+
+
+def test_bca_interval_covers_the_mean_and_is_degenerate_for_constants():
+    rng = np.random.default_rng(1)
+    x = rng.normal(10.0, 2.0, size=30)
+    low, high = bca_interval(x.tolist(), resamples=2000)
+    assert low < x.mean() < high
+    assert bca_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
+
+
+def test_simulated_event_rate_at_zero_dose_is_p0():
+    design = Design(doses=(0.0,), runs_per_cell=20000, bases=4, p0=0.2)
+    _, event, _, _ = simulate_study(design, 3.0, np.random.default_rng(0))
+    assert event.mean() == pytest.approx(0.2, abs=0.01)
+
+
+@pytest.mark.slow
+def test_power_grows_with_the_hazard_ratio():
+    design = Design(doses=(0, 1, 2), runs_per_cell=12, bases=4, p0=0.2)
+    null = power(design, 1.0, sims=60, seed=1)
+    strong = power(design, 4.0, sims=60, seed=1)
+    assert null <= 0.15 and strong >= 0.8
+
+
+def _run(variant, seed, base, moe, r3, gap, time, event, steps=150):
+    rows = [
+        {"step": s, K.MISMATCH_ROUTING_INCONSISTENCY: gap, K.MISMATCH_KL_K3: 1e-3 * (1 + gap)}
+        for s in range(steps)
+    ]
+    return {
+        "variant": variant,
+        "seed": seed,
+        "base": base,
+        "moe": moe,
+        "r3": r3,
+        "rows": rows,
+        "summary": {"collapsed": event, "collapse_step": time if event else None, "steps": steps},
+    }
+
+
+def test_run_gap_is_the_mean_routing_inconsistency_of_the_first_steps():
+    rows = [
+        {"step": s, K.MISMATCH_ROUTING_INCONSISTENCY: 0.1 if s < 10 else 0.9} for s in range(20)
+    ]
+    assert run_gap(rows) == pytest.approx(0.1)
+    assert run_gap([{"step": 0}]) == 0.0
+
+
+def test_dose_model_finds_a_strong_gap_effect_that_r3_removes():
+    rng = np.random.default_rng(0)
+    runs = []
+    for arm, r3 in (("moe", False), ("moe-r3", True)):
+        for gap in (0.0, 0.1, 0.2, 0.4):
+            for seed in range(12):
+                # hazard rises 8x per 10 points of gap without replay; flat with R3
+                rate = 0.002 * (8 ** (gap / GAP_UNIT) if not r3 else 1.0)
+                t = rng.exponential(1 / rate)
+                runs.append(
+                    _run(f"{arm}-{gap}", seed, seed % 4, True, r3, gap, math.ceil(t), t < 150)
+                )
+    frame = run_table(runs)
+    assert set(frame["base"]) == {0, 1, 2, 3} and frame["gap10"].max() == pytest.approx(4.0)
+    model = dose_model(frame)
+    assert model["gap"]["hr"] > 2 and model["gap"]["p"] < 0.01
+    assert model["r3_interaction"]["hr"] < 1
+    with_r3 = model["gap_with_r3"]
+    assert with_r3["hr_low"] < 1.5 and with_r3["hr_low"] < with_r3["hr"] < with_r3["hr_high"]
+
+
+def test_architecture_model_compares_moe_and_dense_at_zero_gap():
+    rng = np.random.default_rng(3)
+    runs = []
+    for moe in (True, False):
+        for seed in range(16):
+            t = rng.exponential(1 / (0.01 if moe else 0.001))
+            runs.append(_run("x", seed, seed % 4, moe, False, 0.0, math.ceil(t), t < 150))
+    model = architecture_model(run_table(runs))
+    assert model["moe"]["hr"] > 1 and model["runs"] == 32
+
+
+def test_lead_lag_frame_is_time_matched_and_lagged():
+    run = _run("moe", 0, 0, True, False, 0.2, 8, True, steps=20)
+    run["rows"][2][K.MISMATCH_KL_K3] = 0.1
+    frame = lead_lag_frame([run], lag=5)
+    # steps 5..8 at risk (the run ends at its collapse step 8), event on step 8 only
+    assert frame["stop"].tolist() == [5, 6, 7, 8]
+    assert frame["event"].tolist() == [0, 0, 0, 1]
+    # step 7 carries step 2's k3 (lag 5)
+    assert frame.loc[frame["stop"] == 7, "log10_k3_lag"].item() == pytest.approx(-1.0)
+    assert frame["routing_lag10"].iloc[0] == pytest.approx(2.0)
+
+
+def test_lead_lag_model_detects_a_signal_that_precedes_collapse():
+    rng = np.random.default_rng(5)
+    runs = []
+    for seed in range(40):
+        steps = 150
+        spike = int(rng.integers(20, 130)) if seed % 2 == 0 else None
+        rows = []
+        for s in range(steps):
+            k3 = 1e-3 * (100 if spike is not None and s >= spike else 1) * rng.lognormal(0, 0.3)
+            rows.append({"step": s, K.MISMATCH_KL_K3: k3, K.MISMATCH_ROUTING_INCONSISTENCY: 0.1})
+        end = spike + 8 if spike is not None else None
+        runs.append(
+            {
+                "rows": rows,
+                "summary": {"collapsed": end is not None, "collapse_step": end, "steps": steps},
+            }
+        )
+    model = lead_lag_model(runs, lag=5)
+    assert model["events"] == 20
+    assert model["k3_per_decade"]["hr"] > 3 and model["k3_per_decade"]["p"] < 0.01
+
+
+def test_balance_of_counts_dead_experts_entropy_and_maxvio():
+    balanced = balance_of([[0.25] * 4])
+    assert balanced["dead_experts"] == 0
+    assert balanced["load_entropy"] == pytest.approx(1.0)
+    assert balanced["max_violation"] == pytest.approx(0.0)
+    skewed = balance_of([[0.5, 0.49, 0.01, 0.0]])
+    assert skewed["dead_experts"] == 2  # 0.01 and 0 are under 0.1 x 0.25
+    assert skewed["max_violation"] == pytest.approx(1.0)
