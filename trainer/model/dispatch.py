@@ -15,6 +15,7 @@ avoids E separate small GEMMs), so ``auto`` picks grouped_mm wherever it runs.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -35,12 +36,54 @@ def grouped_mm_supported(x: torch.Tensor) -> bool:
     return False
 
 
-def resolve_backend(backend: str, x: torch.Tensor) -> str:
+def resolve_backend(backend: str, x: torch.Tensor, widths: tuple[int, ...] = ()) -> str:
+    """The backend that runs for operands like ``x`` on x's device (``auto`` resolved).
+
+    grouped_mm's kernels need every operand row stride to be a multiple of 16
+    bytes (torch: "strides should be multiple of 16 bytes"): x's width and
+    ``widths`` (the weights' in/out widths, e.g. an expert's hidden size) are
+    checked here, before any kernel runs; where one fails the loop backend
+    runs instead and the fallback is recorded (``grouped_mm_fallbacks``).
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown MoE backend {backend!r}; choose one of {BACKENDS}")
+    choice = backend
     if backend == "auto":
-        return "grouped_mm" if grouped_mm_supported(x) else "loop"
-    return backend
+        choice = "grouped_mm" if grouped_mm_supported(x) else "loop"
+    if choice == "grouped_mm":
+        problem = grouped_mm_stride_problem((x.shape[-1], *widths), x.element_size())
+        if problem is not None:
+            _record_fallback(problem, x.dtype)
+            return "loop"
+    return choice
+
+
+# Each distinct reason grouped_mm was replaced by the loop backend (a warning
+# the first time): a run's logs say when the fast kernel did not run.
+_FALLBACKS: dict[str, None] = {}
+
+
+def grouped_mm_stride_problem(widths: tuple[int, ...], element_size: int) -> str | None:
+    """Why grouped_mm cannot take rows of these widths (None = it can)."""
+    bad = sorted({w for w in widths if (w * element_size) % 16})
+    if not bad:
+        return None
+    return (
+        f"width(s) {bad} x {element_size} bytes are not multiples of 16 bytes, which "
+        "grouped_mm's row strides need"
+    )
+
+
+def _record_fallback(problem: str, dtype: torch.dtype) -> None:
+    message = f"MoE backend grouped_mm -> loop for {dtype}: {problem}"
+    if message not in _FALLBACKS:
+        _FALLBACKS[message] = None
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def grouped_mm_fallbacks() -> list[str]:
+    """The recorded grouped_mm -> loop fallbacks of this process, oldest first."""
+    return list(_FALLBACKS)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -97,6 +140,11 @@ class Dispatch:
 def expert_matmul(x: torch.Tensor, w: torch.Tensor, dispatch: Dispatch, backend: str):
     """Grouped matmul: x (M, K) sorted by expert, w (E, K, Nout) -> (M, Nout)."""
     if backend == "grouped_mm":
+        problem = grouped_mm_stride_problem((x.shape[-1], w.shape[-1]), x.element_size())
+        if problem is not None:  # a caller that resolved without the weights' widths
+            _record_fallback(problem, x.dtype)
+            backend = "loop"
+    if backend == "grouped_mm":
         out = _grouped_mm(x, w, offs=dispatch.offsets)
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         return _ContiguousGrad.apply(out) if needs_grad else out
@@ -130,7 +178,7 @@ def experts_swiglu(
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, w_gate, w_up, w_down = (t.to(dtype) for t in (x, w_gate, w_up, w_down))
-    backend = resolve_backend(backend, x)
+    backend = resolve_backend(backend, x, widths=(w_gate.shape[-1],))
     dispatch = Dispatch.from_indices(indices, n_experts)
     xs = x.index_select(0, dispatch.token)  # (N*k, D), grouped by expert
     hidden = F.silu(expert_matmul(xs, w_gate, dispatch, backend)) * expert_matmul(
