@@ -213,7 +213,7 @@ class CheckpointExportSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ExportRequestSerializer(serializers.Serializer):
+class ExportRequestSerializer(StrictSerializer):
     dtype = serializers.ChoiceField(
         choices=["float32", "bfloat16", "float16"], default="float32",
         help_text="Weights' dtype in the exported safetensors.",

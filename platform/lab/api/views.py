@@ -6,6 +6,7 @@ model per endpoint's query below.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any
 
@@ -198,6 +199,15 @@ class RunList(generics.ListAPIView):
         data["overrides"] = with_assets(data.pop("model", None), data.pop("dataset", None), data)
         key = lifecycle.check_idempotency_key(request.headers.get("Idempotency-Key"))
         if (earlier := lifecycle.submitted_with_key(request.user, key)) is not None:
+            if not _same_submission(earlier, data):
+                detail = (
+                    f"Idempotency-Key {key!r} was used for run {earlier.pk} with a different "
+                    "request; send a new key for a new run"
+                )
+                return Response(
+                    {"detail": detail, "errors": {"Idempotency-Key": [detail]}},
+                    status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+                )
             return Response(s.RunSerializer(earlier).data, status=status.HTTP_200_OK)
         try:
             run = lifecycle.submit_run(
@@ -215,6 +225,24 @@ class RunList(generics.ListAPIView):
                 body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "30"}
             )
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+def _same_submission(earlier: Run, data: dict[str, Any]) -> bool:
+    """Whether a request with an Idempotency-Key already used asks for the run that
+    key stored: the same experiment, resolved config, queue and priority (a retry
+    of the same request always does; another request under the key does not)."""
+    experiment = data["experiment"]
+    cfg = resolve_config(
+        data.get("config"), data.get("preset"), data.get("overrides"),
+        base=experiment.base_config or None,
+    )  # fmt: skip
+    config = json.loads(json.dumps(cfg.to_dict()))  # as the JSON field stores it
+    return (
+        earlier.experiment_id == experiment.pk
+        and earlier.config == config
+        and earlier.queue == lifecycle.check_queue(data.get("queue"))
+        and earlier.priority == lifecycle.check_priority(data.get("priority"))
+    )
 
 
 class RunDetail(generics.RetrieveDestroyAPIView):

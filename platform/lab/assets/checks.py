@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from lab.assets.prompt_cost import check_prompt_template
+from lab.assets.text_files import not_utf8_error
+from lab.assets.weights_check import check_weights
 from trainer.config import ModelConfig, TextTaskConfig
 from trainer.errors import FieldError
 from trainer.hf.families import SHAPE_FIELDS
@@ -36,9 +41,14 @@ def _as_field(exc: FieldError, field: str, prefix: str = "") -> FieldError:
     return FieldError([(field, prefix + message) for _, message in exc.errors])
 
 
+def _pydantic_message(exc: ValidationError) -> str:
+    return "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())
+
+
 def inspect_checkpoint(path: str) -> CheckpointFacts:
     """The checkpoint folder ``path`` is absolute and exists, its config.json is a
-    supported family, it has weights, and its tokenizer loads."""
+    supported family, its tokenizer loads, and every safetensors header is intact
+    with the shapes config.json gives (``weights_check``; the weights are not read)."""
     # The checkpoint readers import torch: loaded on the first registration, not at startup.
     from trainer.hf.families import model_fields_from_hf
     from trainer.hf.loader import read_hf_config
@@ -53,6 +63,8 @@ def inspect_checkpoint(path: str) -> CheckpointFacts:
         fields = model_fields_from_hf(read_hf_config(folder))
     except FieldError as exc:
         raise _as_field(exc, "path") from None
+    except UnicodeDecodeError as exc:
+        raise FieldError([("path", f"config.json is not UTF-8 text ({exc.reason})")]) from None
     if not any(folder.glob("*.safetensors")):
         raise FieldError([("path", f"{folder} holds no *.safetensors weights")])
     if not (folder / "tokenizer.json").is_file():
@@ -64,8 +76,12 @@ def inspect_checkpoint(path: str) -> CheckpointFacts:
     except Exception as exc:  # the tokenizers library raises its own kinds for a bad file
         raise FieldError([("path", f"tokenizer.json does not load: {exc}")]) from None
     shape = {name: fields[name] for name in SHAPE_FIELDS}
-    model = ModelConfig.model_validate(shape | {"source": str(folder)})
+    try:
+        model = ModelConfig.model_validate(shape | {"source": str(folder)})
+    except ValidationError as exc:  # e.g. top_k above the expert count
+        raise FieldError([("path", f"config.json: {_pydantic_message(exc)}")]) from None
     vocab = model.vocab_size or tokenizer.vocab_size
+    check_weights(folder, model, vocab, "path")
     if tokenizer.vocab_size > vocab:
         raise FieldError(
             [
@@ -102,7 +118,13 @@ def inspect_dataset(
         )
     except ValueError as exc:
         raise FieldError([("verifier", str(exc))]) from None
-    rows = read_rows(resolve_data_file(path, "path"), "path")
+    if prompt_template:
+        check_prompt_template("prompt_template", prompt_template)
+    file = resolve_data_file(path, "path")
+    try:
+        rows = read_rows(file, "path")
+    except UnicodeDecodeError as exc:  # the reader's word for a non-UTF-8 row
+        raise not_utf8_error("path", file, exc) from None
     columns = sorted({key for row in rows for key, value in row.items() if value is not None})
     known = f"the file's fields: {', '.join(columns) or 'none'}"
     if prompt_template:
@@ -126,3 +148,35 @@ def inspect_dataset(
     return DatasetFacts(
         rows=table.rows, problems=len(table.problems), bad_rows=dict(table.bad_rows)
     )
+
+
+def _signature(folder: Path) -> tuple:
+    """What the checkpoint's files are now (names, sizes, modification times)."""
+    try:
+        return tuple(
+            sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir())
+        )
+    except OSError:
+        return ()
+
+
+_CHECKED: dict[tuple[str, tuple], CheckpointFacts] = {}
+
+
+def check_model_source(source: str, field: str) -> CheckpointFacts | None:
+    """A run's ``model.source`` checked like a registration (config.json, tokenizer,
+    safetensors headers against the shapes), errors on ``field``. A folder checked
+    before with the same files is not read again (a sweep names it once per run).
+    None for the builtin model or a name that is not a path (left to the trainer)."""
+    if source == "builtin" or not Path(source).expanduser().is_absolute():
+        return None
+    folder = Path(source).expanduser()
+    key = (str(folder), _signature(folder))
+    if key not in _CHECKED:
+        try:
+            facts = inspect_checkpoint(str(folder))
+        except FieldError as exc:
+            raise _as_field(exc, field) from None
+        _CHECKED.clear()  # one entry is enough for a sweep; never grows
+        _CHECKED[key] = facts
+    return _CHECKED[key]

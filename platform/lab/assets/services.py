@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from lab.assets.checks import inspect_checkpoint, inspect_dataset
 from lab.assets.models import RegisteredDataset, RegisteredModel, Verifier
+from lab.assets.roots import check_path
 from lab.experiments.text import clean_text
 from trainer.errors import FieldError
 
@@ -41,17 +40,11 @@ def _create(model: type, **fields: Any):
         ) from None
 
 
-def _check_path(path: Any) -> str:
-    """A readable path, inside LAB_ASSET_ROOTS when the deployment sets them
-    (symlinks and ``..`` resolved first, so neither leads out)."""
+def _check_path(path: Any, *, shipped_names: bool = False) -> str:
+    """A path inside LAB_ASSET_ROOTS (``roots.check_path``, the one check every
+    path a user names goes through), before anything opens it."""
     path = clean_text("path", path, max_length=1000, required=True)
-    roots = settings.LAB_ASSET_ROOTS
-    if roots:
-        resolved = Path(path).resolve()
-        if not any(resolved.is_relative_to(root.resolve()) for root in roots):
-            allowed = ", ".join(str(r) for r in roots)
-            raise FieldError([("path", f"must be inside {allowed} (LAB_ASSET_ROOTS)")])
-    return path
+    return check_path("path", path, shipped_names=shipped_names)
 
 
 @transaction.atomic
@@ -89,7 +82,7 @@ def register_dataset(
 ) -> RegisteredDataset:
     """Check the data file (``checks.inspect_dataset``) and store it."""
     name = _check_name(name, RegisteredDataset)
-    path = _check_path(path)
+    path = _check_path(path, shipped_names=True)
     prompt_field = clean_text("prompt_field", prompt_field, max_length=100, required=True)
     answer_field = clean_text("answer_field", answer_field, max_length=100, required=True)
     prompt_template = clean_text(

@@ -7,6 +7,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from lab.assets.checks import check_model_source
+from lab.assets.prompt_cost import check_config_template
+from lab.assets.roots import check_config_paths
+from lab.assets.text_files import config_decode_error
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.errors import FieldError
 from trainer.presets import preset_dict
@@ -49,7 +53,18 @@ def resolve_config(
     else:
         data = dict(base or {})
     try:
-        return validate_config(apply_overrides(data, overrides_as_strings(overrides)))
+        data = apply_overrides(data, overrides_as_strings(overrides))
+        # Before validation opens any file: paths inside LAB_ASSET_ROOTS, a template
+        # whose format specs cannot blow a prompt up (lab.assets.roots, prompt_cost).
+        check_config_paths(data)
+        check_config_template(data)
+        cfg = validate_config(data)
+        # The checkpoint a run names is checked like a registration (headers, shapes,
+        # tokenizer), so a broken one is a field error now, not a failed run later.
+        check_model_source(cfg.model.source, "model.source")
+        return cfg
+    except UnicodeDecodeError as exc:  # the data reader's word for a non-UTF-8 row
+        raise config_decode_error(data, exc, f"{CONFIG_PREFIX}.") from None
     except FieldError as exc:
         # One namespace for every caller: "config.algorithm.clip_eps_low".
         raise FieldError([(config_path(p), m) for p, m in exc.errors]) from None
