@@ -158,3 +158,14 @@ def test_balance_of_counts_dead_experts_entropy_and_maxvio():
     skewed = balance_of([[0.5, 0.49, 0.01, 0.0]])
     assert skewed["dead_experts"] == 2  # 0.01 and 0 are under 0.1 x 0.25
     assert skewed["max_violation"] == pytest.approx(1.0)
+
+
+def test_detector_error_rates_in_the_study_regime():
+    from trainer.analysis.detector_error import Regime, false_positive_rate, injected
+    from trainer.config import CollapseConfig
+
+    regime, cfg = Regime(steps=120), CollapseConfig()
+    assert false_positive_rate(0.3, regime, cfg, runs=15) <= 0.2
+    found = injected(0.3, regime, cfg, runs=15, fall_to=0.1, fall_steps=1)
+    assert found["found"] >= 0.9 and found["median_delay"] <= 15
+    assert abs(found["median_dating_error"]) <= 5

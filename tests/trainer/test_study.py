@@ -55,7 +55,44 @@ def test_builtin_definitions_cover_the_issue_variants():
     }  # fmt: skip
     assert len(quick.seeds) >= 3
     full = load_definition("full")
-    assert full.config_for(full.variants[1], 0).model.n_experts >= 32
+    assert full.config_for(full.variants[0], 0).model.n_experts >= 32
+
+
+@pytest.mark.parametrize("name", ["causal", "full"])
+def test_causal_definitions_ask_the_routing_only_question(name):
+    """Both the CPU and the GPU study: a routing-only dose on fp32 rollouts, R3 at each
+    non-zero dose, the dense zero-gap control, >= 10 runs a cell over >= 4 bases."""
+    study = load_definition(name)
+    assert study.analysis == "causal" and study.bases >= 4 and len(study.seeds) >= 10
+    configs = {v.name: study.config_for(v, 5) for v in study.variants}
+    assert all(c.rollout.precision == "fp32" for c in configs.values())
+    assert all(c.algorithm.behavior_logprobs == "train" for c in configs.values())
+    assert all(c.warm_start.seed == 5 % study.bases for c in configs.values())
+    doses = {c.rollout.router_noise for c in configs.values() if c.model.is_moe}
+    assert 0.0 in doses and len(doses) >= 4
+    replayed = {
+        c.rollout.router_noise for c in configs.values() if c.stabilizers.replay.mode == "r3"
+    }
+    assert replayed and 0.0 not in replayed and replayed <= doses
+    assert any(not c.model.is_moe for c in configs.values())
+
+
+def test_bases_share_each_base_over_the_seeds_and_need_seed_fields():
+    data = {
+        "base": {"preset": "moe-grpo"},
+        "seeds": [0, 1, 2, 3, 4],
+        "seed_fields": ["warm_start.seed"],
+        "bases": 2,
+        "variants": [{"name": "a"}],
+    }
+    study = StudyDefinition.from_dict(data)
+    assert [study.config_for(study.variants[0], s).warm_start.seed for s in range(5)] == [
+        0, 1, 0, 1, 0
+    ]  # fmt: skip
+    with pytest.raises(FieldError, match="bases"):
+        StudyDefinition.from_dict({**data, "seed_fields": []})
+    with pytest.raises(FieldError, match="bases"):
+        StudyDefinition.from_dict({**data, "bases": 0})
 
 
 def test_bad_definition_names_the_variant_and_field():

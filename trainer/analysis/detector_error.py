@@ -1,0 +1,154 @@
+"""The collapse detector's error rates in a study's regime, by simulation.
+
+The causal study's endpoint is the step the collapse detector
+(``trainer.collapse``, with the run's ``run.collapse`` settings) dates. Its
+two errors, measured here on synthetic runs shaped like the study's:
+
+* false positives: noise-only runs (a constant true accuracy, as a run at
+  lr 0 has) that END flagged (a flag later revoked does not count, as the
+  study's rejudging does not count it);
+* delay: for a collapse injected at a known step (the true accuracy falls
+  from its level to ``fall_to`` x the level over ``fall_steps`` steps), the
+  steps from the start of the fall to the step the collapse became known;
+  and the share of injected collapses found at all.
+
+Batch accuracy is ``prompts`` prompts x ``group`` answers a step with
+prompt-correlated noise (each prompt's own rate from Beta(p c, (1 - p) c),
+c = 0.4: the step noise the runs in docs/results.md show); held-out accuracy
+is a greedy pass over ``eval_samples`` fixed problems every ``eval_every``
+steps (binomial at the true level: greedy answers are deterministic given
+the model, but which problems the model gets right is what the level sets).
+
+    python -m trainer.analysis.detector_error --levels 0.2,0.3,0.4 --runs 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.collapse import CollapseDetector
+from trainer.config import CollapseConfig
+
+PROMPT_CONCENTRATION = 0.4
+
+
+@dataclass(frozen=True)
+class Regime:
+    steps: int = 150
+    prompts: int = 16
+    group: int = 8
+    eval_every: int = 10
+    eval_samples: int = 128
+
+
+def batch_series(levels: np.ndarray, regime: Regime, rng: np.random.Generator) -> np.ndarray:
+    """Per-step batch accuracy (steps,) around the true ``levels`` (steps,)."""
+    p = np.clip(levels[:, None], 1e-6, 1 - 1e-6)
+    c = PROMPT_CONCENTRATION
+    rates = rng.beta(p * c, (1 - p) * c, (len(levels), regime.prompts))
+    return rng.binomial(regime.group, rates).sum(1) / (regime.prompts * regime.group)
+
+
+def judge(
+    levels: np.ndarray, regime: Regime, cfg: CollapseConfig, rng: np.random.Generator
+) -> tuple[bool, int | None, int | None]:
+    """(ends collapsed, the step the collapse first became known, the step it is
+    dated to) for one simulated run."""
+    batch = batch_series(levels, regime, rng)
+    det = CollapseDetector(
+        cfg, samples=regime.prompts * regime.group, eval_samples=regime.eval_samples
+    )
+    known = None
+    for step in range(regime.steps):
+        if step % regime.eval_every == 0:
+            held_out = rng.binomial(regime.eval_samples, levels[step]) / regime.eval_samples
+            det.update_eval(step, float(held_out))
+        if det.update(step, float(batch[step])) and known is None:
+            known = step
+        if not det.collapsed:
+            known = None  # revoked: the next flag is a new detection
+    if not det.collapsed:
+        return False, None, None
+    return True, known, det.collapse_step
+
+
+def false_positive_rate(
+    level: float, regime: Regime, cfg: CollapseConfig, runs: int, seed: int = 0
+) -> float:
+    rng = np.random.default_rng(seed)
+    levels = np.full(regime.steps, level)
+    return sum(judge(levels, regime, cfg, rng)[0] for _ in range(runs)) / runs
+
+
+def injected(
+    level: float,
+    regime: Regime,
+    cfg: CollapseConfig,
+    runs: int,
+    fall_to: float = 0.2,
+    fall_steps: int = 10,
+    seed: int = 1,
+) -> dict[str, float | None]:
+    """Collapses injected at a random step in [30, steps - 40]: the share found, the
+    delay until known (median, 90th percentile) and the dating error (the dated
+    step minus the step the fall began: the endpoint's own error)."""
+    rng = np.random.default_rng(seed)
+    delays, dating = [], []
+    for _ in range(runs):
+        start = int(rng.integers(30, regime.steps - 40))
+        ramp = np.linspace(level, level * fall_to, fall_steps)
+        levels = np.full(regime.steps, level * fall_to)
+        levels[:start] = level
+        levels[start : start + fall_steps] = ramp[: regime.steps - start]
+        collapsed, known, dated = judge(levels, regime, cfg, rng)
+        if collapsed and known is not None and known >= start:
+            delays.append(known - start)
+            dating.append(dated - start)
+    return {
+        "found": len(delays) / runs,
+        "median_delay": statistics.median(delays) if delays else None,
+        "p90_delay": float(np.percentile(delays, 90)) if delays else None,
+        "median_dating_error": statistics.median(dating) if dating else None,
+        "median_abs_dating_error": statistics.median(abs(d) for d in dating) if dating else None,
+    }
+
+
+def characterise(
+    levels: Sequence[float], regime: Regime, cfg: CollapseConfig, runs: int
+) -> list[dict]:
+    rows = []
+    for level in levels:
+        rows.append(
+            {
+                "level": level,
+                "false_positive_rate": false_positive_rate(level, regime, cfg, runs),
+                **injected(level, regime, cfg, runs),
+            }
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="0.1,0.2,0.3,0.4")
+    parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows = characterise(
+        [float(x) for x in args.levels.split(",")], Regime(), CollapseConfig(), args.runs
+    )
+    for row in rows:
+        print(row)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
