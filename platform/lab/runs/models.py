@@ -38,6 +38,11 @@ class RunStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class RunOrigin(models.TextChoices):
+    LAB = "lab"  # trained by the lab's workers
+    EXTERNAL = "external"  # trained elsewhere, logged through lab.tracking (MLflow, TensorBoard)
+
+
 ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
 FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -133,6 +138,20 @@ class Run(models.Model):
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     run_dir = models.CharField(max_length=500, blank=True)
+    origin = models.CharField(
+        max_length=16,
+        choices=RunOrigin.choices,
+        default=RunOrigin.LAB,
+        help_text="lab: trained by the lab's workers; external: trained elsewhere and logged "
+        "to the lab (lab.tracking), so nothing here can cancel, requeue or export it.",
+    )
+    source = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Where an external run came from: "
+        '{"client": "mlflow-python-client/3.1", "framework": "verl", "host": "10.0.0.7", '
+        '"source_name": "main_ppo.py"}; empty for a lab run.',
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -159,6 +178,10 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.variant or self.preset or 'custom'})"
+
+    @property
+    def is_external(self) -> bool:
+        return self.origin == RunOrigin.EXTERNAL
 
     @property
     def is_active(self) -> bool:

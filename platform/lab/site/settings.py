@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "lab.jobs",
     "lab.assets",
     "lab.api",
+    "lab.tracking",
     "dashboard",
 ]
 

@@ -10,6 +10,7 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("lab.api.urls")),
+    path("", include("lab.tracking.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("dashboard.urls")),
 ]

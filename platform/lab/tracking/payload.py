@@ -1,0 +1,172 @@
+"""Reading MLflow request bodies: fields checked against MLflow's own limits
+(mlflow/utils/validation.py) before anything is stored, each refusal an
+INVALID_PARAMETER_VALUE naming the field.
+
+Text the database cannot hold (NUL, a lone surrogate) and keys longer than
+the lab's metric-key column are refused too: a key is stored as a
+``MetricColumn.key`` (200 characters) once its chunk is sealed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lab.api.json_input import loads
+from lab.experiments.text import NEVER_STORABLE, forbidden_character
+from lab.tracking.errors import invalid
+
+# mlflow/utils/validation.py
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_ENTITIES_PER_BATCH = 1000
+MAX_PARAM_VAL_LENGTH = 6000
+MAX_TAG_VAL_LENGTH = 8000
+MAX_ENTITY_KEY_LENGTH = 250
+MAX_EXPERIMENT_NAME_LENGTH = 500
+MAX_RUN_NAME_LENGTH = 200  # Run.variant
+# The lab's metric-key column (runs.MetricColumn.key): a longer metric name could
+# not be sealed into columns.
+MAX_METRIC_KEY_LENGTH = 200
+# Steps are the lab's MetricStep.step (a 32-bit integer column on every backend).
+MAX_STEP = 2**31 - 1
+MAX_TIMESTAMP_MS = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    value: float | None  # None: a non-finite value (stored as the store's null)
+    timestamp: int
+    step: int
+
+
+def parse_body(request) -> dict[str, Any]:
+    """The JSON object of a POST body (depth-bounded, no NaN literals)."""
+    if request.method == "GET":
+        return {k: request.GET.get(k) for k in request.GET}
+    try:
+        text = request.body.decode("utf-8") if request.body else "{}"
+        body = loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    return body
+
+
+def text(
+    body: Mapping[str, Any],
+    field: str,
+    *,
+    max_length: int,
+    required: bool = True,
+    any_text: bool = False,
+) -> str:
+    """A string field. ``any_text``: a free value (a param's or tag's), where only what no
+    column can hold (NUL, a lone surrogate) is refused; otherwise a name, where control
+    characters are refused too."""
+    value = body.get(field)
+    if value is None or value == "":
+        if required:
+            raise invalid(f"Missing value for required parameter '{field}'.")
+        return ""
+    if not isinstance(value, str):
+        raise invalid(f"Invalid value {value!r} for parameter '{field}': must be a string.")
+    if len(value) > max_length:
+        raise invalid(
+            f"Invalid value for parameter '{field}': {len(value)} characters, "
+            f"at most {max_length} are accepted."
+        )
+    bad = (
+        (NEVER_STORABLE.search(value) and "NUL or a lone surrogate")
+        if any_text
+        else forbidden_character(value, multiline=True)
+    )
+    if bad:
+        raise invalid(f"Invalid value for parameter '{field}': it contains {bad}.")
+    return value
+
+
+def integer(
+    body: Mapping[str, Any], field: str, *, default: int | None = None, lo: int = 0, hi: int
+) -> int | None:
+    """An integer field; proto JSON sends int64 as a number or a decimal string."""
+    value = body.get(field)
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        raise invalid(f"Invalid value {value!r} for parameter '{field}': must be an integer.")
+    if isinstance(value, str):
+        stripped = value.strip()
+        digits = stripped[1:] if stripped[:1] == "-" else stripped
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+            raise invalid(f"Invalid value {value!r} for parameter '{field}': must be an integer.")
+        value = int(stripped)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise invalid(f"Invalid value {value!r} for parameter '{field}': must be an integer.")
+    if not lo <= value <= hi:
+        raise invalid(f"Invalid value {value} for parameter '{field}': must be in [{lo}, {hi}].")
+    return value
+
+
+def metric_value(value: Any, field: str) -> float | None:
+    """A metric value: a number, or proto JSON's "NaN" / "Infinity" / "-Infinity"
+    strings; a non-finite value is stored as null (the store's gap)."""
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise invalid(
+                f"Invalid value {value!r} for parameter '{field}': must be a number."
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(f"Invalid value {value!r} for parameter '{field}': must be a number.")
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def entity_key(value: Any, field: str, *, max_length: int = MAX_ENTITY_KEY_LENGTH) -> str:
+    return text({field: value}, field, max_length=max_length)
+
+
+def point(entry: Any, field: str) -> Point:
+    if not isinstance(entry, Mapping):
+        raise invalid(f"Invalid value for parameter '{field}': must be an object.")
+    key = entity_key(entry.get("key"), f"{field}.key", max_length=MAX_METRIC_KEY_LENGTH)
+    if "value" not in entry:
+        raise invalid(f"Missing value for required parameter '{field}.value'.")
+    value = metric_value(entry["value"], f"{field}.value")
+    timestamp = integer(entry, "timestamp", lo=0, hi=MAX_TIMESTAMP_MS)
+    if timestamp is None:
+        raise invalid(f"Missing value for required parameter '{field}.timestamp'.")
+    step = integer(entry, "step", default=0, lo=0, hi=MAX_STEP)
+    return Point(key, value, timestamp, step)
+
+
+def pairs(entries: Any, field: str, *, max_value_length: int) -> list[tuple[str, str]]:
+    """``[{"key": k, "value": v}, ...]`` as (key, value) pairs."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise invalid(f"Invalid value for parameter '{field}': must be a list.")
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise invalid(f"Invalid value for parameter '{field}[{i}]': must be an object.")
+        key = entity_key(entry.get("key"), f"{field}[{i}].key")
+        value = text(
+            {f"{field}[{i}].value": entry.get("value")},
+            f"{field}[{i}].value",
+            max_length=max_value_length,
+            required=False,
+            any_text=True,
+        )
+        out.append((key, value))
+    return out

@@ -1,0 +1,311 @@
+"""The MLflow tracking API in-process (Django's test client): shapes, rights, MLflow's
+limits and error JSON, idempotent batches, the metric mapping on ingest, expert-load
+vectors, status mapping and collapse detection when a run ends."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rest_framework.authtoken.models import Token
+
+from lab.runs.metrics.read import metric_series_many
+from lab.runs.models import MetricStep, Run
+from lab.tracking.models import TrackedRun
+
+API = "/api/2.0/mlflow"
+
+
+class Mlflow:
+    """A minimal MLflow REST caller with a lab token."""
+
+    def __init__(self, user):
+        self.client = Client()
+        self.auth = f"Bearer {Token.objects.get_or_create(user=user)[0].key}"
+
+    def call(self, method: str, route: str, body=None, *, auth: str | None = "default"):
+        headers = (
+            {} if auth is None else {"HTTP_AUTHORIZATION": self.auth if auth == "default" else auth}
+        )
+        if method == "GET":
+            resp = self.client.get(f"{API}/{route}", body or {}, **headers)
+        else:
+            raw = body if isinstance(body, str | bytes) else json.dumps(body or {})
+            resp = self.client.post(
+                f"{API}/{route}", raw, content_type="application/json", **headers
+            )
+        return resp.status_code, resp.json()
+
+    def ok(self, method: str, route: str, body=None):
+        code, data = self.call(method, route, body)
+        assert code == 200, (code, data)
+        return data
+
+    def run(self, experiment_id: str, name: str = "r", tags=None) -> str:
+        data = self.ok("POST", "runs/create", {
+            "experiment_id": experiment_id, "run_name": name, "start_time": 1,
+            "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()],
+        })  # fmt: skip
+        return data["run"]["info"]["run_id"]
+
+
+@pytest.fixture
+def ml(user):
+    return Mlflow(user)
+
+
+@pytest.fixture
+def exp_id(ml):
+    return ml.ok("POST", "experiments/create", {"name": "ext"})["experiment_id"]
+
+
+def _metric(key, value, step, ts=1000):
+    return {"key": key, "value": value, "timestamp": ts, "step": step}
+
+
+def _series(run_id, keys):
+    return metric_series_many([int(run_id)], keys)[int(run_id)]
+
+
+def test_experiment_and_run_round_trip(ml, exp_id, user):
+    assert ml.ok("GET", "experiments/get", {"experiment_id": exp_id})["experiment"]["name"] == "ext"
+    by_name = ml.ok("GET", "experiments/get-by-name", {"experiment_name": "ext"})
+    assert by_name["experiment"]["experiment_id"] == exp_id
+    searched = ml.ok("POST", "experiments/search", {"filter": "name = 'ext'", "max_results": 10})
+    assert [e["name"] for e in searched["experiments"]] == ["ext"]
+
+    run_id = ml.run(exp_id, "seed-0", {"mlflow.source.name": "train.py"})
+    ml.ok("POST", "runs/log-batch", {
+        "run_id": run_id,
+        "metrics": [_metric("loss", 1.5, 0), _metric("loss", 1.2, 1)],
+        "params": [{"key": "lr", "value": "1e-6"}],
+        "tags": [{"key": "team", "value": "rl"}],
+    })  # fmt: skip
+    ml.ok(
+        "POST",
+        "runs/log-metric",
+        {"run_id": run_id, "key": "acc", "value": 0.5, "timestamp": 5, "step": 1},
+    )
+    ml.ok("POST", "runs/log-parameter", {"run_id": run_id, "key": "seed", "value": "0"})
+    ml.ok("POST", "runs/set-tag", {"run_id": run_id, "key": "gone", "value": "x"})
+    ml.ok("POST", "runs/delete-tag", {"run_id": run_id, "key": "gone"})
+    got = ml.ok("GET", "runs/get", {"run_id": run_id})["run"]
+    assert got["info"]["status"] == "RUNNING" and got["info"]["run_name"] == "seed-0"
+    assert {m["key"]: m["value"] for m in got["data"]["metrics"]} == {"loss": 1.2, "acc": 0.5}
+    assert {p["key"]: p["value"] for p in got["data"]["params"]} == {"lr": "1e-6", "seed": "0"}
+    tags = {t["key"]: t["value"] for t in got["data"]["tags"]}
+    assert tags["team"] == "rl" and "gone" not in tags
+
+    run = Run.objects.get(pk=int(run_id))
+    assert run.is_external and run.owner == user and run.current_step == 2
+    assert run.source["source_name"] == "train.py"
+    assert run.config["params"] == {"lr": "1e-6", "seed": "0"}
+
+    updated = ml.ok("POST", "runs/update", {"run_id": run_id, "status": "KILLED", "end_time": 9})
+    assert updated["run_info"]["status"] == "KILLED" and updated["run_info"]["end_time"] == 9
+    assert Run.objects.get(pk=int(run_id)).status == "cancelled"
+    found = ml.ok(
+        "POST",
+        "runs/search",
+        {"experiment_ids": [exp_id], "filter": "attributes.status = 'KILLED'"},
+    )
+    assert [r["info"]["run_id"] for r in found["runs"]] == [run_id]
+    assert (
+        ml.ok("POST", "runs/search", {"experiment_ids": [exp_id], "filter": "tags.team = 'ml'"})[
+            "runs"
+        ]
+        == []
+    )
+    ml.ok("POST", "runs/delete", {"run_id": run_id})
+    assert not Run.objects.filter(pk=int(run_id)).exists()
+
+
+def test_a_retried_batch_stores_nothing_twice(ml, exp_id):
+    run_id = ml.run(exp_id)
+    batch = {
+        "run_id": run_id,
+        "metrics": [_metric(f"k{i}", float(i), s) for s in range(5) for i in range(3)],
+    }
+    ml.ok("POST", "runs/log-batch", batch)
+    before = list(MetricStep.objects.filter(run_id=int(run_id)).values_list("step", "values"))
+    ml.ok("POST", "runs/log-batch", batch)
+    after = list(MetricStep.objects.filter(run_id=int(run_id)).values_list("step", "values"))
+    assert before == after and len(after) == 5
+    # a later batch at the same steps adds its keys to the step's row
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [_metric("extra", 7.0, 2)]})
+    row = MetricStep.objects.get(run_id=int(run_id), step=2).values
+    assert row == {"k0": 0.0, "k1": 1.0, "k2": 2.0, "extra": 7.0}
+    # within one batch, the later timestamp of a (key, step) wins
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+        _metric("k0", 5.0, 3, ts=20), _metric("k0", 4.0, 3, ts=10)]})  # fmt: skip
+    assert MetricStep.objects.get(run_id=int(run_id), step=3).values["k0"] == 5.0
+
+
+def test_non_finite_values_are_gaps(ml, exp_id):
+    run_id = ml.run(exp_id)
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+        _metric("loss", "NaN", 0), _metric("loss", "Infinity", 1), _metric("loss", 2.0, 2)]})  # fmt: skip
+    assert MetricStep.objects.get(run_id=int(run_id), step=0).values == {"loss": None}
+    got = ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["data"]["metrics"]
+    assert got == [{"key": "loss", "value": 2.0, "timestamp": 1000, "step": 2}]
+
+
+def test_framework_names_are_stored_under_lab_keys(ml, exp_id):
+    run_id = ml.run(exp_id)  # no lab.framework tag: detected from verl's own names
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+        _metric("rollout_corr/kl", 0.01, 0), _metric("actor/pg_clipfrac", 0.2, 0),
+        _metric("critic/score/mean", 0.5, 0), _metric("perf/throughput", 99.0, 0)]})  # fmt: skip
+    assert Run.objects.get(pk=int(run_id)).source["framework"] == "verl"
+    assert MetricStep.objects.get(run_id=int(run_id), step=0).values == {
+        "mismatch/kl_k1": 0.01, "policy/clip_frac": 0.2, "reward/mean": 0.5, "perf/throughput": 99.0,
+    }  # fmt: skip
+    tracked = TrackedRun.objects.get(run_id=int(run_id))
+    assert tracked.stored_as["rollout_corr/kl"] == "mismatch/kl_k1"
+    names = {
+        m["key"] for m in ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["data"]["metrics"]
+    }
+    assert names == {"rollout_corr/kl", "actor/pg_clipfrac", "critic/score/mean", "perf/throughput"}
+
+
+def test_expert_load_scalars_become_the_lab_vector(ml, exp_id):
+    run_id = ml.run(exp_id)
+    first = [_metric(f"experts/load/L1/e{e}", 0.25, 0) for e in range(2)]
+    second = [_metric(f"experts/load/L1/e{e}", 0.25, 0) for e in range(2, 4)]
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": first})
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": second})
+    assert MetricStep.objects.get(run_id=int(run_id), step=0).values == {
+        "experts/load/L1": [0.25, 0.25, 0.25, 0.25]
+    }
+    assert Run.objects.get(pk=int(run_id)).config["model"] == {"n_experts": 4, "n_layers": 2}
+    steps, values = _series(run_id, ["experts/load/L1"]).series["experts/load/L1"]
+    assert list(steps) == [0] and list(values[0]) == [0.25] * 4
+
+
+def test_a_collapsing_run_is_detected_when_it_ends(ml, exp_id):
+    run_id = ml.run(exp_id, tags={"lab.framework": "trl"})
+    accuracy = [0.6] * 40 + [0.02] * 30
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+        _metric("rewards/accuracy_reward/mean", a, s) for s, a in enumerate(accuracy)]})  # fmt: skip
+    ml.ok("POST", "runs/update", {"run_id": run_id, "status": "FINISHED"})
+    run = Run.objects.get(pk=int(run_id))
+    assert run.status == "succeeded" and run.summary["collapsed"] is True
+    assert 36 <= run.summary["collapse_step"] <= 42
+    assert run.summary["collapse_metric"] == "reward/accuracy"
+    assert run.metric_chunks_sealed == 1  # final: its metrics are columns now
+
+
+def test_limits_and_errors(ml, exp_id, other_user):
+    run_id = ml.run(exp_id)
+    cases = [
+        (
+            "runs/log-batch",
+            {"run_id": run_id, "metrics": [_metric("k", 1.0, s) for s in range(1001)]},
+        ),
+        (
+            "runs/log-batch",
+            {"run_id": run_id, "params": [{"key": f"p{i}", "value": "v"} for i in range(101)]},
+        ),
+        (
+            "runs/log-batch",
+            {"run_id": run_id, "tags": [{"key": f"t{i}", "value": "v"} for i in range(101)]},
+        ),
+        ("runs/log-batch", {"run_id": run_id, "metrics": [_metric("k" * 201, 1.0, 0)]}),
+        ("runs/log-batch", {"run_id": run_id, "params": [{"key": "p", "value": "v" * 6001}]}),
+        ("runs/log-batch", {"run_id": run_id, "metrics": [_metric("k", "abc", 0)]}),
+        ("runs/log-batch", {"run_id": run_id, "metrics": [_metric("k", 1.0, -1)]}),
+        ("runs/log-batch", {"run_id": run_id, "metrics": [{"key": "k", "value": 1.0}]}),
+        ("runs/log-batch", {"run_id": run_id, "metrics": [_metric("k\x00", 1.0, 0)]}),
+        ("runs/log-batch", {"run_id": run_id, "metrics": "nope"}),
+        ("runs/update", {"run_id": run_id, "status": "EXPLODED"}),
+        ("runs/create", {"experiment_id": "abc"}),
+        ("experiments/create", {"name": ""}),
+        ("experiments/create", {"name": 5}),
+    ]
+    for route, body in cases:
+        code, data = ml.call("POST", route, body)
+        assert (code, data["error_code"]) == (400, "INVALID_PARAMETER_VALUE"), (route, data)
+    assert (
+        ml.call("POST", "runs/log-batch", "{not json")[1]["error_code"] == "INVALID_PARAMETER_VALUE"
+    )
+    assert ml.call("POST", "runs/log-batch", "[1]")[1]["error_code"] == "INVALID_PARAMETER_VALUE"
+
+    ml.ok("POST", "runs/log-parameter", {"run_id": run_id, "key": "lr", "value": "1"})
+    ml.ok("POST", "runs/log-parameter", {"run_id": run_id, "key": "lr", "value": "1"})  # same: fine
+    code, data = ml.call(
+        "POST", "runs/log-parameter", {"run_id": run_id, "key": "lr", "value": "2"}
+    )
+    assert (code, data["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
+
+    assert ml.call("GET", "runs/get", {"run_id": "424242"})[:1] == (404,)
+    assert (
+        ml.call("GET", "runs/get", {"run_id": "424242"})[1]["error_code"]
+        == "RESOURCE_DOES_NOT_EXIST"
+    )
+    assert (
+        ml.call("GET", "experiments/get-by-name", {"experiment_name": "nope"})[1]["error_code"]
+        == "RESOURCE_DOES_NOT_EXIST"
+    )
+    assert ml.call("POST", "experiments/create", {"name": "ext"})[:1] == (400,)
+    assert (
+        ml.call("POST", "experiments/create", {"name": "ext"})[1]["error_code"]
+        == "RESOURCE_ALREADY_EXISTS"
+    )
+
+    code, data = ml.call("GET", "runs/get", {"run_id": run_id}, auth=None)
+    assert (code, data["error_code"]) == (401, "UNAUTHENTICATED")
+    code, data = ml.call("GET", "runs/get", {"run_id": run_id}, auth="Bearer wrong")
+    assert (code, data["error_code"]) == (401, "UNAUTHENTICATED")
+    code, data = ml.call("GET", "runs/get", {"run_id": run_id}, auth="Basic !!!")
+    assert (code, data["error_code"]) == (401, "UNAUTHENTICATED")
+    good_basic = "Basic " + base64.b64encode(b"alice:pw-alice").decode()
+    assert ml.call("GET", "runs/get", {"run_id": run_id}, auth=good_basic)[0] == 200
+
+    # another user reads, but neither logs to the run nor adds runs to an unshared experiment
+    bob = Mlflow(other_user)
+    assert bob.call("GET", "runs/get", {"run_id": run_id})[0] == 200
+    code, data = bob.call(
+        "POST", "runs/log-batch", {"run_id": run_id, "metrics": [_metric("k", 1.0, 0)]}
+    )
+    assert (code, data["error_code"]) == (403, "PERMISSION_DENIED")
+    code, data = bob.call("POST", "runs/create", {"experiment_id": exp_id})
+    assert (code, data["error_code"]) == (403, "PERMISSION_DENIED")
+    assert not MetricStep.objects.filter(run_id=int(run_id)).exists()
+
+
+def test_lab_runs_are_not_served_and_the_default_experiment(ml, user, experiment):
+    from lab_processes import submit_tiny_run
+
+    lab_run = submit_tiny_run(user, experiment)
+    assert (
+        ml.call("GET", "runs/get", {"run_id": str(lab_run.pk)})[1]["error_code"]
+        == "RESOURCE_DOES_NOT_EXIST"
+    )
+    default = ml.ok("GET", "experiments/get", {"experiment_id": "0"})["experiment"]
+    assert default["name"] == "Default"
+    assert ml.ok("GET", "experiments/get", {"experiment_id": "0"})["experiment"] == default
+    run_id = ml.run("0")
+    assert Run.objects.get(pk=int(run_id)).experiment_id == int(default["experiment_id"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["run_id", "metrics", "params", "tags", "key", "value", "step",
+                         "timestamp", "experiment_id", "name", "status", "run_name"]) | st.text(max_size=5),
+        inner, max_size=5),
+    max_leaves=12,
+))  # fmt: skip
+@pytest.mark.slow
+def test_arbitrary_bodies_never_get_a_500(db, user, body):
+    ml = Mlflow(user)
+    for route in ("runs/log-batch", "runs/create", "runs/update", "experiments/create",
+                  "runs/log-metric", "runs/set-tag"):  # fmt: skip
+        code, data = ml.call("POST", route, body)
+        assert code < 500, (route, body, data)
+        if code != 200:
+            assert data["error_code"] and data["message"]
