@@ -174,7 +174,66 @@ def causal_report(study, out: Path) -> dict[str, Any]:
     }
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
     (out / "causal.md").write_text(markdown(report) + "\n")
+    if runs:
+        write_figure(runs, out / "causal_dose_response.png")
     return report
+
+
+ARMS = (("MoE", "#1f77b4"), ("MoE+R3", "#2ca02c"), ("dense", "#7f7f7f"))
+
+
+def _arm(run: dict[str, Any]) -> str:
+    if not run["moe"]:
+        return "dense"
+    return "MoE+R3" if run["r3"] else "MoE"
+
+
+def write_figure(runs: list[dict[str, Any]], path: Path) -> Path:
+    """Two panels against each run's routing gap (x, % of (token, layer) pairs):
+    its time to collapse (filled: collapsed; open: censored at its last step)
+    and its held-out accuracy change from the first to the last evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for arm, color in ARMS:
+        members = [r for r in runs if _arm(r) == arm]
+        if not members:
+            continue
+        gaps = [100 * run_gap(r["rows"]) for r in members]
+        times = [
+            r["summary"]["collapse_step"] if r["summary"]["collapsed"] else r["summary"]["steps"]
+            for r in members
+        ]
+        events = [bool(r["summary"]["collapsed"]) for r in members]
+        left.scatter(
+            [g for g, e in zip(gaps, events, strict=True) if e],
+            [t for t, e in zip(times, events, strict=True) if e],
+            color=color, label=f"{arm}, collapsed",
+        )  # fmt: skip
+        left.scatter(
+            [g for g, e in zip(gaps, events, strict=True) if not e],
+            [t for t, e in zip(times, events, strict=True) if not e],
+            facecolors="none", edgecolors=color, label=f"{arm}, censored",
+        )  # fmt: skip
+        changes = []
+        for r in members:
+            points = _eval_points(r["rows"])
+            changes.append(points[-1] - points[0] if len(points) >= 2 else float("nan"))
+        right.scatter(gaps, changes, color=color, label=arm, alpha=0.8)
+    left.set_xlabel("routing gap at the start (% of token-layer pairs)")
+    left.set_ylabel("time to collapse (steps; open = never, censored)")
+    left.legend(fontsize=8, loc="lower left")
+    right.axhline(0.0, color="black", linewidth=0.8)
+    right.set_xlabel("routing gap at the start (% of token-layer pairs)")
+    right.set_ylabel("held-out accuracy change, first to last evaluation")
+    right.legend(fontsize=8)
+    fig.suptitle(f"Causal study: {len(runs)} runs")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _hr(effect: dict | None) -> str:
