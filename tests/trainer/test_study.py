@@ -154,6 +154,39 @@ def test_study_runs_aggregates_and_resumes(tmp_path):
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(results))
 
 
+@pytest.mark.slow
+def test_a_causal_study_writes_its_preregistered_report(tmp_path):
+    study = StudyDefinition.from_dict(
+        {
+            "name": "tiny-causal",
+            "base": {"preset": "moe-grpo", "set": [*TINY, 'rollout.precision="fp32"']},
+            "seeds": [0, 1],
+            "seed_fields": ["warm_start.seed"],
+            "bases": 1,
+            "parallel": 2,
+            "analysis": "causal",
+            "variants": [
+                {"name": "moe-s0", "set": []},
+                {"name": "moe-s1", "set": ["rollout.router_noise=1.0"]},
+                {"name": "dense", "set": ["model.n_experts=0"]},
+            ],
+        }
+    )
+    run_study(study, tmp_path)
+    report = json.loads((tmp_path / "causal.json").read_text())
+    assert report["runs"] == 6
+    cells = report["cells"]
+    assert cells["moe-s0"]["routing_gap"] == 0.0 and cells["dense"]["routing_gap"] == 0.0
+    assert cells["moe-s1"]["routing_gap"] > 0.05  # sigma 1 flips many routes
+    assert cells["moe-s1"]["kl_k3"] > cells["moe-s0"]["kl_k3"]
+    assert cells["moe-s0"]["bases"] == [0]
+    # No collapse in two steps: no dose model, and the decision says so.
+    assert report["dose_model"] is None and report["decision"].startswith("no decision")
+    md = (tmp_path / "causal.md").read_text()
+    assert "| H1: MoE hazard per 10 points of routing gap" in md
+    assert (tmp_path / "causal_dose_response.png").stat().st_size > 1000
+
+
 @pytest.mark.parametrize("name", BUILTIN_STUDIES)
 def test_every_builtin_study_loads_and_its_configs_validate(name):
     """Every file in trainer/studies/ is a built-in study, and each of its runs' configs

@@ -93,8 +93,8 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         change = [b - a for a, b in zip(first, last, strict=True)]
         start = slice(0, START_STEPS)
 
-        def mean(key: str, members=members, start=start) -> float | None:
-            values = [_mean_of(r["rows"], key, start) for r in members]
+        def mean(key: str, steps: slice = start, members=members) -> float | None:
+            values = [_mean_of(r["rows"], key, steps) for r in members]
             values = [v for v in values if v is not None]
             return statistics.fmean(values) if values else None
 
@@ -111,6 +111,9 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "chi2_seq": mean(K.IS_CHI2_SEQ),
             "ess_seq": mean(K.IS_ESS_SEQ),
             "response_tokens": mean(K.RESPONSE_LENGTH_MEAN),
+            # The clip share of each step's first minibatch over the whole run: what the
+            # clip spends on the engine gap alone (0 with recomputed behaviour log-probs).
+            "clip_first": mean(K.POLICY_CLIP_FRAC_FIRST, slice(None)),
             "heldout_start": statistics.fmean(first) if first else None,
             "heldout_end": statistics.fmean(last) if last else None,
             "heldout_change": statistics.fmean(change) if change else None,
@@ -255,9 +258,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Runs analysed: {report['runs']}.",
         "",
         "| cell | sigma | runs (bases) | collapsed | collapse steps | routing gap % | k3 x1e-3 | "
-        "chi2 seq | ESS seq | response tokens | held-out start -> end | change [t 95%] | "
-        "change [BCa 95%] | improved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "chi2 seq | ESS seq | first-minibatch clip % | response tokens | held-out start -> end | "
+        "change [t 95%] | change [BCa 95%] | improved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in report["cells"].items():
         steps = ", ".join(str(s) for s in c["collapse_steps"]) or "-"
@@ -266,6 +269,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {name} | {c['sigma']:g} | {c['runs']} ({len(c['bases'])}) | {c['collapsed']} | "
             f"{steps} | {100 * c['routing_gap']:.2f} | {_fmt(k3, '.3f')} | "
             f"{_fmt(c['chi2_seq'], '.3f')} | {_fmt(c['ess_seq'], '.3f')} | "
+            f"{_fmt(None if c['clip_first'] is None else 100 * c['clip_first'], '.2f')} | "
             f"{_fmt(c['response_tokens'], '.1f')} | {_fmt(c['heldout_start'], '.3f')} -> "
             f"{_fmt(c['heldout_end'], '.3f')} | {_interval(c['heldout_change_t'])} | "
             f"{_interval(c['heldout_change_bca'])} | {c['improved']}/{c['runs']} |"
