@@ -12,11 +12,22 @@ import inside a function counts like any other) and fails on
 The Django site (``lab.site``) names the dashboard app and its URLs as
 strings in INSTALLED_APPS and ``include("dashboard.urls")``: that is how a
 composition root wires apps, not an import, so it is not an arrow.
+
+The platform's contract with the trainer (docs/design.md section 1.1): the
+platform and the dashboard import only the trainer modules listed in
+``TRAINER_CONTRACT`` (torch-free: the web process loads them) and
+``TRAINER_WORKER_ONLY`` (they load torch: imported inside the functions the
+worker runs, or by worker-only modules). The web process (the WSGI module and
+every view its URLs name) never imports torch, checked in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +41,37 @@ ROOMS = {
 }
 RANK = {"trainer": 0, "lab": 1, "dashboard": 2}
 FORBIDDEN_IN_TRAINER = ("django", "rest_framework", "celery")
+
+# The trainer modules the platform may import (docs/design.md section 1.1), torch-free.
+TRAINER_CONTRACT = frozenset(
+    {
+        "trainer.collapse",
+        "trainer.config",
+        "trainer.errors",
+        "trainer.hf.families",
+        "trainer.hf.tokenizer",
+        "trainer.hf.weights",
+        "trainer.metric_keys",
+        "trainer.model.param_count",
+        "trainer.presets",
+        "trainer.run_files",
+        "trainer.run_guard",
+        "trainer.study",
+        "trainer.survival_stats",
+        "trainer.tasks.factory",
+        "trainer.tasks.text_data",
+        "trainer.tasks.verifiers",
+        "trainer.validation",
+        "trainer.warmstart_progress",
+    }
+)
+# ... and those that load torch: only inside worker code paths.
+TRAINER_WORKER_ONLY = frozenset(
+    {"trainer.checkpoint", "trainer.hf.export", "trainer.hf.loader", "trainer.model.transformer"}
+)
+# Platform modules that run only in the worker (the trainer's supervisor), where
+# a module-level import of a worker-only trainer module is fine.
+WORKER_MODULES = ("lab.jobs.supervisor",)
 
 
 @dataclass(frozen=True)
@@ -204,3 +246,97 @@ def test_guard_sees_lazy_relative_and_type_only_imports(tmp_path):
     assert ("trainer.pkg.sibling", 2, False) in found
     assert ("trainer.config.ExperimentConfig", 4, True) in found
     assert ("dashboard.views", 6, False) in found
+
+
+def _module_level_imports(tree: ast.AST) -> set[str]:
+    """Names imported when the module loads: not inside a function body."""
+    found: set[str] = set()
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                found.update(f"{child.module}.{alias.name}" for alias in child.names)
+            else:
+                walk(child)
+
+    walk(tree)
+    return found
+
+
+def _platform_trainer_imports() -> list[Edge]:
+    return [
+        e
+        for e in import_edges()[0]
+        if _room(e.target) == "trainer" and _room(e.source) != "trainer" and not e.type_only
+    ]
+
+
+def test_platform_imports_only_the_trainer_contract():
+    allowed = TRAINER_CONTRACT | TRAINER_WORKER_ONLY
+    outside = [f"{e.source}:{e.line} imports {e.target}" for e in _platform_trainer_imports()
+               if e.target not in allowed]  # fmt: skip
+    assert outside == [], "add the module to the contract (docs/design.md 1.1) or import less"
+
+
+def test_worker_only_trainer_modules_load_only_in_worker_code():
+    """A module-level import of a torch-loading trainer module would load torch in
+    every process that imports the platform module: only worker modules may."""
+    modules = project_modules()
+    bad = []
+    for module, path in modules.items():
+        if _room(module) == "trainer" or module.startswith(WORKER_MODULES):
+            continue
+        for name in _module_level_imports(ast.parse(path.read_text())):
+            target = _resolve(name, modules)
+            if target in TRAINER_WORKER_ONLY:
+                bad.append(f"{module} imports {target} at module level")
+    assert bad == []
+
+
+def _run_fresh(code: str, tmp_path: Path) -> str:
+    env = {
+        **os.environ,
+        "LAB_VAR_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "lab.site.settings",
+    }
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def test_the_trainer_contract_imports_without_torch(tmp_path):
+    names = ", ".join(sorted(TRAINER_CONTRACT))
+    code = f"import sys\nimport {names}\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    assert _run_fresh(code, tmp_path) == "[]"
+
+
+def test_the_web_process_never_imports_torch(tmp_path):
+    """The WSGI module, then every view its URLs name (what the first request loads)."""
+    code = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'platform')!r}]\n"
+        "from lab.site.wsgi import application\n"
+        "from django.urls import get_resolver\n"
+        "def walk(patterns):\n"
+        "    for p in patterns:\n"
+        "        yield from walk(p.url_patterns) if hasattr(p, 'url_patterns') else [p.callback]\n"
+        "views = list(walk(get_resolver().url_patterns))\n"
+        "print(len(views), 'torch' in sys.modules)"
+    )
+    count, torch_loaded = _run_fresh(code, tmp_path).split()
+    assert int(count) > 40 and torch_loaded == "False"
+
+
+def test_design_doc_lists_the_trainer_contract():
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("### 1.1 ", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `(trainer(?:\.\w+)+)` \|", section, re.MULTILINE))
+    assert named == TRAINER_CONTRACT | TRAINER_WORKER_ONLY

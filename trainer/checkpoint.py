@@ -28,13 +28,9 @@ from typing import Any
 import torch
 
 from trainer.distributed import DistContext
-from trainer.run_files import CHECKPOINT_DIR
 
-CHECKPOINT_NAME = "last.pt"
-
-
-def checkpoint_path(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINT_DIR / CHECKPOINT_NAME
+# checkpoint_path lives with the run folder's other names (torch-free, for the platform)
+from trainer.run_files import CHECKPOINT_DIR, CHECKPOINT_NAME, checkpoint_path  # noqa: F401
 
 
 def rng_state(py_rng: random.Random, generators: dict[str, torch.Generator]) -> dict[str, Any]:

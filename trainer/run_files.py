@@ -18,6 +18,7 @@ SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
 LOG_FILE = "trainer.log"  # the child's stdout/stderr, written by the platform worker
 CHECKPOINT_DIR = "checkpoints"  # resumable state (trainer.checkpoint)
+CHECKPOINT_NAME = "last.pt"  # the one checkpoint a run keeps (or the name of its shards)
 PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/warmstart_progress.py)
 # A rank's own exit code, when it means something to the platform (bad config,
 # folder busy, lease expired): torchrun reports any failed rank as exit 1.
@@ -31,6 +32,12 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
     return value
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    """Where a run keeps its checkpoint (written by trainer.checkpoint; a path join
+    here so the platform finds it without importing torch)."""
+    return run_dir / CHECKPOINT_DIR / CHECKPOINT_NAME
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -32,7 +32,7 @@ def finished_run(user, experiment, settings, tmp_path, monkeypatch):
 
 def test_export_from_the_page_writes_a_folder_transformers_reads(client, user, finished_run):
     client.force_login(user)
-    page = client.get(f"/dashboard/runs/{finished_run.pk}/").content.decode()
+    page = client.get(f"/runs/{finished_run.pk}/").content.decode()
     assert "Export the checkpoint" in page
     client.post(f"/runs/{finished_run.pk}/export", {"dtype": "bfloat16"})
     export = finished_run.exports.get()
@@ -45,7 +45,7 @@ def test_export_from_the_page_writes_a_folder_transformers_reads(client, user, f
     config = json.loads((folder / "config.json").read_text())
     assert config["torch_dtype"] == "bfloat16" or config.get("dtype") == "bfloat16"
     assert list(folder.glob("*.safetensors"))
-    page = client.get(f"/dashboard/runs/{finished_run.pk}/").content.decode()
+    page = client.get(f"/runs/{finished_run.pk}/").content.decode()
     assert export.out_dir in page and "succeeded" in page
 
 
@@ -74,3 +74,12 @@ def test_a_checkpoint_gone_meanwhile_fails_the_export_with_the_reason(user, fini
     assert exports.run_export(export.pk) == ExportStatus.FAILED
     export.refresh_from_db()
     assert "has no checkpoint" in export.error
+
+
+def test_the_export_dtypes_the_platform_offers_are_the_exporters():
+    """lab.runs.exports keeps the names (the web process loads no torch); the
+    exporter's table is the truth."""
+    from lab.runs.exports import EXPORT_DTYPES
+    from trainer.hf.export import DTYPES
+
+    assert list(EXPORT_DTYPES) == list(DTYPES)

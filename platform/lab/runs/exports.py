@@ -17,11 +17,14 @@ from django.utils import timezone
 
 from lab.experiments import rights
 from lab.runs.models import CheckpointExport, ExportStatus, Run
-from trainer.checkpoint import checkpoint_path
 from trainer.errors import FieldError
-from trainer.hf.export import DTYPES, export_run
+from trainer.run_files import checkpoint_path
 
 EXPORT_QUEUE = "control"
+# The keys of trainer.hf.export.DTYPES (tests/platform/test_exports.py holds them
+# equal): that module loads torch, which the web process never imports; the
+# worker imports it in run_export.
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 log = logging.getLogger("jobs")
 
 
@@ -40,8 +43,8 @@ def request_export(run: Run, *, user, dtype: str = "float32") -> CheckpointExpor
     """Queue an export of the run's last checkpoint; a FieldError names what is wrong.
     Asking again for the same step and dtype returns the existing export unless it failed."""
     rights.check_can_queue(user, run.experiment)  # an export spends a worker's time
-    if dtype not in DTYPES:
-        raise FieldError([("dtype", f"choose one of {', '.join(DTYPES)}")])
+    if dtype not in EXPORT_DTYPES:
+        raise FieldError([("dtype", f"choose one of {', '.join(EXPORT_DTYPES)}")])
     step = last_checkpoint_step(run)
     if step is None:
         raise FieldError([("run", "only a finished run with a checkpoint can be exported")])
@@ -96,6 +99,8 @@ def finish_export(export: CheckpointExport, error: str = "") -> None:
 def run_export(export_id: int) -> str:
     """The worker's side: claim, write the folder, record the outcome (idempotent:
     a repeated delivery finds the export claimed and does nothing)."""
+    from trainer.hf.export import export_run  # worker only: loads torch
+
     export = claim_export(export_id)
     if export is None:
         return "skipped"
