@@ -32,7 +32,7 @@ def test_a_lost_credentials_file_gets_a_new_password(db, tmp_path):
     assert (tmp_path / "demo-login.txt").read_text().strip() == second
 
 
-def test_the_demo_is_a_slice_of_the_dose_study_on_one_thread_per_run(db, tmp_path):
+def test_the_demo_is_a_slice_of_the_causal_study_on_one_thread_per_run(db, tmp_path):
     from lab.jobs.management.commands.lab_up import DEMO_SEEDS, DEMO_VARIANTS, STUDY_EXPERIMENT
     from lab.runs.models import Run
     from trainer.study import load_definition
@@ -46,8 +46,8 @@ def test_the_demo_is_a_slice_of_the_dose_study_on_one_thread_per_run(db, tmp_pat
     first = [r.variant for r in runs[: len(DEMO_VARIANTS)]]
     assert sorted(first) == sorted(DEMO_VARIANTS)
     assert {r.config["run"]["threads"] for r in runs} == {1}
-    # Each demo run is the dose study's own run (same config but the thread count).
-    dose = load_definition("dose")
+    # Each demo run is the causal study's own run (same config but the thread count).
+    dose = load_definition("causal")
     variant = next(v for v in dose.variants if v.name == runs[0].variant)
     expected = dose.config_for(variant, runs[0].config["run"]["seed"], ["run.threads=1"])
     assert runs[0].config == expected.to_dict()

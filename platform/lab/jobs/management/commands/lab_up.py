@@ -2,9 +2,9 @@
 
 Migrates, prints a demo login, starts the web server, one CPU worker slot per
 core (each trains with one thread) and the reconciler (Celery beat), queues the
-demo (``DEMO_VARIANTS`` of the dose study, trainer/studies/dose.json, x
-``DEMO_SEEDS``: the smallest slice of the collapse regime that shows its
-finding, see docs/platform.md) the first time, prints the URL, and on Ctrl-C stops everything: the worker's shutdown makes a training
+demo (``DEMO_VARIANTS`` of the causal study, trainer/studies/causal.json, x
+``DEMO_SEEDS``: the cells that decide its question, see docs/platform.md) the
+first time, prints the URL, and on Ctrl-C stops everything: the worker's shutdown makes a training
 run checkpoint and go back to the queue, so the next `make up` resumes it.
 
 Why this runner and not a Procfile run by honcho: on Ctrl-C honcho sends
@@ -33,28 +33,29 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from lab.assets.roots import ROOTS_SETTING, default_asset_roots
 from lab.experiments.models import Experiment
 from lab.experiments.services import create_experiment
 from lab.jobs import launch
 from lab.runs.management.commands.submit import study_definition_dict
 from lab.runs.sweeps import create_study_sweep
 
-STUDY = "dose"
-# The demo: the four cells of the dose study that decide its question (does MoE
-# collapse? with no engine gap too? does R3 prevent it? does the dense model?),
-# three seeds, queued seed-major so the first four finished runs already compare
-# every cell. 12 runs of 150 steps: docs/platform.md has the wall times.
-DEMO_VARIANTS = ("moe-grpo-fp8", "moe-grpo-fp32", "moe-grpo-r3-fp8", "dense-grpo-fp8")
-DEMO_SEEDS = [0, 1, 2]
-STUDY_EXPERIMENT = "Demo: MoE collapse against rollout precision, R3 and dense"
-# What the full 5-seed slice showed (docs/results.md), so the demo's reader knows
-# what to look for; the demo's own runs say what they say.
+STUDY = "causal"
+# The demo: the four cells of the causal study that decide its question (does a
+# routing-only gap make MoE collapse? does R3 prevent it? do the zero-gap MoE and
+# dense controls learn?), three seeds of base 0 (seeds 0, 4, 8 of the study: the
+# same runs as the study's own, so the demo reproduces its documented steps),
+# queued seed-major so the first four finished runs already compare every cell.
+# 12 runs of 150 steps: docs/platform.md has the wall times.
+DEMO_VARIANTS = ("moe-s0", "moe-s0.2", "moe-r3-s0.2", "dense")
+DEMO_SEEDS = [0, 4, 8]
+STUDY_EXPERIMENT = "Demo: MoE collapse against a routing-only gap, R3 and dense"
+# Where the study stands (docs/results.md), so the demo's reader knows what to look
+# for; the demo's own runs say what they say.
 DEMO_FINDING = (
-    "In the full 60-run dose study on a 2-core CPU (docs/results.md), 49 of 60 runs "
-    "collapsed, fp32 rollouts included (no engine gap: MoE-GRPO 3 of 5 seeds, the dense "
-    "model 5 of 5); no arm's collapse moved with the rollout precision and R3 did not "
-    "prevent it (19 of 20 R3 runs collapsed): a collapse from off-policy minibatches, not a "
-    "mismatch-driven one. "
+    "The causal study (docs/results.md) is pre-registered: routing-only gaps from "
+    "rollout.router_noise on fp32 rollouts, 12 runs per cell over 4 bases; its results "
+    "and decision are reported there. "
 )
 STOP_GRACE_S = 60.0
 
@@ -68,12 +69,12 @@ def worker_slots() -> int:
 
 
 def demo_definition() -> dict:
-    """The dose study cut down to DEMO_VARIANTS x DEMO_SEEDS, each run on one thread."""
+    """The causal study cut down to DEMO_VARIANTS x DEMO_SEEDS, each run on one thread."""
     definition = study_definition_dict(STUDY)
     definition["variants"] = [v for v in definition["variants"] if v["name"] in DEMO_VARIANTS]
     definition["seeds"] = list(DEMO_SEEDS)
     definition["description"] = (
-        f"The demo: {len(DEMO_VARIANTS)} cells of the dose-response study x "
+        f"The demo: {len(DEMO_VARIANTS)} cells of the causal study x "
         f"{len(DEMO_SEEDS)} seeds, one thread per run. {DEMO_FINDING}" + definition["description"]
     )
     return definition
@@ -96,6 +97,7 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, steps, no_study, workers, **opts):
         var = Path(settings.VAR_DIR)
         var.mkdir(parents=True, exist_ok=True)
+        roots = self._asset_roots(var)
         call_command("migrate", verbosity=0, interactive=False)
         username, password = self._demo_user(var)
         if not no_study:
@@ -109,6 +111,7 @@ class Command(BaseCommand):
             f"\nMoE-RL Stability Lab is up: {url}\n"
             f"  login: {username} / {password}\n"
             f"  workers: {slots} CPU slot{'s' if slots != 1 else ''}, one thread each\n"
+            f"  models and data may be read from: {roots} (LAB_ASSET_ROOTS)\n"
             f"  logs:  {var}/web.log, worker*.log, reconciler.log\n"
             "  Ctrl-C stops everything (a training run checkpoints and resumes next time).\n"
         )
@@ -116,6 +119,16 @@ class Command(BaseCommand):
 
         self._run_until_stopped(procs, var)
         self.stdout.write("stopped.")
+
+    @staticmethod
+    def _asset_roots(var: Path) -> str:
+        """LAB_ASSET_ROOTS for every process started here: the deployment's own
+        when set, else the lab's shipped data and var/ (put checkpoints and data
+        files there, or set the variable), so no path is read from anywhere."""
+        if not os.environ.get(ROOTS_SETTING):
+            os.environ[ROOTS_SETTING] = os.pathsep.join(str(p) for p in default_asset_roots(var))
+            settings.LAB_ASSET_ROOTS = [Path(p) for p in os.environ[ROOTS_SETTING].split(":")]
+        return os.environ[ROOTS_SETTING]
 
     def _start_processes(
         self, var: Path, host: str, port: int, slots: int
