@@ -169,3 +169,17 @@ def test_detector_error_rates_in_the_study_regime():
     found = injected(0.3, regime, cfg, runs=15, fall_to=0.1, fall_steps=1)
     assert found["found"] >= 0.9 and found["median_delay"] <= 15
     assert abs(found["median_dating_error"]) <= 5
+
+
+def test_collapse_rate_bound_is_the_exact_binomial_bound():
+    from trainer.analysis.causal_report import collapse_rate_bound, decide
+
+    # 0 events: 1 - 0.05 ** (1 / n) (the "rule of three" is its approximation 3 / n)
+    assert collapse_rate_bound(0, 12) == pytest.approx(1 - 0.05 ** (1 / 12))
+    assert collapse_rate_bound(0, 36) == pytest.approx(1 - 0.05 ** (1 / 36))
+    assert collapse_rate_bound(3, 3) == 1.0 and collapse_rate_bound(0, 0) is None
+    # 1 of 10: the rate p with P(X <= 1) = 0.05, i.e. (1-p)^10 + 10 p (1-p)^9 = 0.05
+    p = collapse_rate_bound(1, 10)
+    assert (1 - p) ** 10 + 10 * p * (1 - p) ** 9 == pytest.approx(0.05)
+    pooled = {"runs": 36, "collapsed": 0, "collapse_rate_upper95": collapse_rate_bound(0, 36)}
+    assert decide(None, {}, pooled).startswith("no collapse at any routing gap: 0 of 36")

@@ -124,9 +124,55 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def decide(dose: dict | None, adjusted: dict[str, float | None]) -> str:
-    """The decision rule of the pre-registration (docs/results.md), applied as written."""
+def collapse_rate_bound(collapsed: int, runs: int, level: float = 0.95) -> float | None:
+    """One-sided Clopper-Pearson upper bound on a collapse probability (exact binomial):
+    the largest rate under which ``collapsed`` or fewer events in ``runs`` has
+    probability >= 1 - level. 0 of 12 gives 0.221, 0 of 36 gives 0.080."""
+    from scipy import stats
+
+    if runs == 0:
+        return None
+    if collapsed >= runs:
+        return 1.0
+    return float(stats.beta.ppf(level, collapsed + 1, runs - collapsed))
+
+
+def learning_slope(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Held-out accuracy change (first to last evaluation) against the routing gap
+    (per 10 points) over the MoE runs without replay: scipy's least-squares line,
+    the slope with its 95% t interval."""
+    from scipy import stats
+
+    xs, ys = [], []
+    for run in runs:
+        points = _eval_points(run["rows"])
+        if len(points) >= 2:
+            xs.append(run_gap(run["rows"]) / 0.1)
+            ys.append(points[-1] - points[0])
+    if len(xs) < 3 or len(set(xs)) < 2:
+        return None
+    fit = stats.linregress(xs, ys)
+    half = stats.t.ppf(0.975, len(xs) - 2) * fit.stderr
+    return {
+        "runs": len(xs),
+        "slope": float(fit.slope),
+        "low": float(fit.slope - half),
+        "high": float(fit.slope + half),
+        "p": float(fit.pvalue),
+    }
+
+
+def decide(dose: dict | None, adjusted: dict[str, float | None], pooled: dict | None = None) -> str:
+    """The decision rule of the pre-registration (docs/results.md), applied as written,
+    with its amendment for a study in which no MoE run collapses."""
     if dose is None:
+        if pooled and pooled["runs"] and pooled["collapsed"] == 0:
+            return (
+                f"no collapse at any routing gap: 0 of {pooled['runs']} MoE runs without "
+                "replay collapsed at a non-zero gap, so the collapse probability within the "
+                f"run is below {100 * pooled['collapse_rate_upper95']:.0f}% at 95% (exact "
+                "binomial); no hazard ratio can be estimated without events"
+            )
         return "no decision: the dose model could not be fitted (no collapses among MoE runs)"
     gap = dose["gap"]
     h1 = adjusted.get("H1")
@@ -164,15 +210,26 @@ def causal_report(study, out: Path) -> dict[str, Any]:
     present = [k for k, v in raw.items() if v is not None]
     adjusted_values = holm([raw[k] for k in present]) if present else []
     adjusted = {k: None for k in raw} | dict(zip(present, adjusted_values, strict=True))
+    cells = cell_table(runs)
+    for cell in cells.values():
+        cell["collapse_rate_upper95"] = collapse_rate_bound(cell["collapsed"], cell["runs"])
+    dosed = [r for r in no_replay_moe if r["sigma"] > 0]
+    pooled = {
+        "runs": len(dosed),
+        "collapsed": sum(bool(r["summary"]["collapsed"]) for r in dosed),
+    }
+    pooled["collapse_rate_upper95"] = collapse_rate_bound(pooled["collapsed"], pooled["runs"])
     report = {
         "runs": len(runs),
-        "cells": cell_table(runs),
+        "cells": cells,
+        "dosed_moe_pooled": pooled,
+        "learning_slope": learning_slope(no_replay_moe),
         "dose_model": dose,
         "architecture_model": arch,
         "lead_lag_model": lead_lag,
         "p_raw": raw,
         "p_holm": adjusted,
-        "decision": decide(dose, adjusted),
+        "decision": decide(dose, adjusted, pooled),
         "per_run": frame.to_dict(orient="records") if len(frame) else [],
     }
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
@@ -211,26 +268,27 @@ def write_figure(runs: list[dict[str, Any]], path: Path) -> Path:
             for r in members
         ]
         events = [bool(r["summary"]["collapsed"]) for r in members]
-        left.scatter(
-            [g for g, e in zip(gaps, events, strict=True) if e],
-            [t for t, e in zip(times, events, strict=True) if e],
-            color=color, label=f"{arm}, collapsed",
-        )  # fmt: skip
-        left.scatter(
-            [g for g, e in zip(gaps, events, strict=True) if not e],
-            [t for t, e in zip(times, events, strict=True) if not e],
-            facecolors="none", edgecolors=color, label=f"{arm}, censored",
-        )  # fmt: skip
+        # Runs at one gap (all zero-gap runs) would hide each other: a small fixed
+        # horizontal spread, named on the axis.
+        gaps = [g + 0.25 * ((i % 5) - 2) for i, g in enumerate(gaps)]
+        for filled, label in ((True, "collapsed"), (False, "censored")):
+            xs = [g for g, e in zip(gaps, events, strict=True) if e == filled]
+            ys = [t for t, e in zip(times, events, strict=True) if e == filled]
+            if xs:
+                style = {"color": color} if filled else {"facecolors": "none", "edgecolors": color}
+                left.scatter(xs, ys, label=f"{arm}, {label}", **style)
         changes = []
         for r in members:
             points = _eval_points(r["rows"])
             changes.append(points[-1] - points[0] if len(points) >= 2 else float("nan"))
         right.scatter(gaps, changes, color=color, label=arm, alpha=0.8)
-    left.set_xlabel("routing gap at the start (% of token-layer pairs)")
+    xlabel = "routing gap at the start (% of token-layer pairs; spread +-0.5 to show overlaps)"
+    left.set_xlabel(xlabel)
     left.set_ylabel("time to collapse (steps; open = never, censored)")
+    left.set_ylim(0, max(r["summary"]["steps"] for r in runs) * 1.05)
     left.legend(fontsize=8, loc="lower left")
     right.axhline(0.0, color="black", linewidth=0.8)
-    right.set_xlabel("routing gap at the start (% of token-layer pairs)")
+    right.set_xlabel(xlabel)
     right.set_ylabel("held-out accuracy change, first to last evaluation")
     right.legend(fontsize=8)
     fig.suptitle(f"Causal study: {len(runs)} runs")
@@ -296,6 +354,25 @@ def markdown(report: dict[str, Any]) -> str:
             f"gap {_hr(ll['routing_per_10pct'])}.",
         ]
     del raw
+    pooled, slope = report["dosed_moe_pooled"], report["learning_slope"]
+    bounds = ", ".join(
+        f"{name} {100 * c['collapse_rate_upper95']:.0f}%"
+        for name, c in report["cells"].items()
+        if c.get("collapse_rate_upper95") is not None
+    )
+    lines += [
+        "",
+        f"Collapse probability within the run, one-sided 95% upper bounds (exact binomial): "
+        f"{bounds}; MoE without replay at any non-zero gap, pooled: {pooled['collapsed']} of "
+        f"{pooled['runs']}, below "
+        f"{_fmt(None if pooled['collapse_rate_upper95'] is None else 100 * pooled['collapse_rate_upper95'], '.0f')}%.",
+    ]
+    if slope:
+        lines.append(
+            f"Held-out accuracy change against the routing gap (MoE without replay, "
+            f"{slope['runs']} runs): {slope['slope']:+.3f} per 10 points "
+            f"[{slope['low']:+.3f}, {slope['high']:+.3f}], p = {slope['p']:.3g}."
+        )
     lines += ["", f"Decision (pre-registered rule): {report['decision']}."]
     return "\n".join(lines)
 
