@@ -63,3 +63,24 @@ def test_bootstrap_percentile_interval():
     mean, lo, hi = bootstrap_mean_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
     assert mean == 4.5 and 2.5 < lo < 4.5 < hi < 6.5
     assert bootstrap_mean_ci([float("nan")]) is None
+
+
+def test_kaplan_meier_and_log_rank_equal_lifelines():
+    """The hand-written estimators the dashboards use equal the library's."""
+    import numpy as np
+    from lifelines import KaplanMeierFitter
+    from lifelines.statistics import logrank_test
+
+    rng = np.random.default_rng(7)
+    a_t = rng.integers(1, 150, 14).tolist()
+    a_e = (rng.random(14) < 0.6).tolist()
+    b_t = rng.integers(1, 150, 11).tolist()
+    b_e = (rng.random(11) < 0.4).tolist()
+    curve = kaplan_meier(a_t, a_e)
+    km = KaplanMeierFitter().fit(a_t, a_e)
+    for point in curve:
+        assert point.survival == pytest.approx(km.predict(point.time), abs=1e-12)
+    ours = log_rank(a_t, a_e, b_t, b_e)
+    theirs = logrank_test(a_t, b_t, event_observed_A=a_e, event_observed_B=b_e)
+    assert ours.chi2 == pytest.approx(theirs.test_statistic, rel=1e-10)
+    assert ours.p_value == pytest.approx(theirs.p_value, rel=1e-8)
