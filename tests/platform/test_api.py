@@ -51,18 +51,51 @@ def test_schema_and_presets(api):
     assert openapi.status_code == 200
 
 
+def _reconciler_row(seen_s_ago: float = 0.0) -> None:
+    """The live-worker row the reconciler (the ``control`` queue's worker) keeps fresh."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from lab.jobs.models import Worker
+
+    Worker.objects.update_or_create(
+        hostname="control@host",
+        defaults={
+            "queues": ["control"], "pid": 1,
+            "last_seen": timezone.now() - timedelta(seconds=seen_s_ago),
+        },
+    )  # fmt: skip
+
+
 def test_health_answers_anonymous_callers_with_only_a_status(db):
+    _reconciler_row()
     response = APIClient().get("/api/health")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
 
 
-def test_health_reports_db_broker_and_workers(api):
+def test_health_reports_db_broker_reconciler_and_workers(api):
+    _reconciler_row()
     body = api.get("/api/health").json()
     assert body["status"] == "ok"
     assert body["db"]["ok"] is True
     assert "transport" in body["broker"]
+    assert body["reconciler"] == {"ok": True, "hostname": "control@host"}
     assert isinstance(body["workers"], list)
+
+
+def test_health_is_not_ok_while_the_reconciler_is_down(api, db):
+    down = api.get("/api/health")  # no control-queue worker has ever been seen
+    assert down.status_code == 503
+    assert (
+        down.json()["reconciler"]["ok"] is False and "control" in down.json()["reconciler"]["error"]
+    )
+    assert APIClient().get("/api/health").json() == {"status": "unavailable"}
+    _reconciler_row(seen_s_ago=120)  # its last heartbeat is older than the live window
+    assert api.get("/api/health").status_code == 503
+    _reconciler_row()
+    assert api.get("/api/health").status_code == 200
 
 
 def _post(client, url, payload):

@@ -1,4 +1,11 @@
-"""Health of the parts a run depends on: database, broker, live workers."""
+"""Health of the parts a run depends on: database, broker, the reconciler, live workers.
+
+The reconciler is the worker of the ``control`` queue with Celery beat inside
+(``launch.reconciler_command``); like every worker it keeps a ``Worker`` row
+fresh, so it is up when such a row was seen within ``LIVE_WITHIN_S``. Without
+it nothing requeues a lost run, re-sends a lost wake-up or runs an export, so
+the deployment is not healthy.
+"""
 
 from __future__ import annotations
 
@@ -48,15 +55,31 @@ def live_workers() -> list[dict[str, Any]]:
     ]
 
 
+CONTROL_QUEUE = "control"
+
+
+def check_reconciler(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    serving = [w["hostname"] for w in workers if CONTROL_QUEUE in w["queues"]]
+    if serving:
+        return {"ok": True, "hostname": serving[0]}
+    return {
+        "ok": False,
+        "error": f"no live worker on the {CONTROL_QUEUE!r} queue within {LIVE_WITHIN_S:.0f} s "
+        "(start the reconciler: celery -A lab.site worker -B -Q control)",
+    }
+
+
 def health() -> dict[str, Any]:
     db = check_db()
     workers = live_workers() if db["ok"] else []
     broker = check_broker()
+    reconciler = check_reconciler(workers)
     queues = sorted({q for w in workers for q in w["queues"]})
     return {
-        "ok": db["ok"] and broker["ok"],
+        "ok": db["ok"] and broker["ok"] and reconciler["ok"],
         "db": db,
         "broker": broker,
+        "reconciler": reconciler,
         "workers": workers,
         "queues": queues,
     }

@@ -50,8 +50,22 @@ def reconciler_command(schedule_file: Path, name: str = "control@%h") -> list[st
     ]  # fmt: skip
 
 
+# The production WSGI server (as docker-compose.yml's web service), not Django's
+# development server: threads per worker so a slow request (a registration that
+# reads a checkpoint's headers) does not hold up the pages' polls.
+WEB_WORKERS = 2
+WEB_THREADS = 4
+WEB_TIMEOUT_S = 120
+
+
 def web_command(host: str, port: int) -> list[str]:
-    return [sys.executable, str(ROOT / "manage.py"), "runserver", "--noreload", f"{host}:{port}"]
+    return [
+        sys.executable, "-m", "gunicorn", "lab.site.wsgi:application",
+        "--bind", f"{host}:{port}", "--workers", str(WEB_WORKERS),
+        "--threads", str(WEB_THREADS), "--worker-class", "gthread",
+        "--timeout", str(WEB_TIMEOUT_S), "--graceful-timeout", "20",
+        "--access-logfile", "-", "--error-logfile", "-",
+    ]  # fmt: skip
 
 
 def manage_command(*args: str) -> list[str]:

@@ -1,13 +1,23 @@
 """Worker lifecycle: register in the live-worker table and keep it fresh;
-on shutdown, tell a running supervisor to stop its trainer gracefully."""
+on shutdown, tell a running supervisor to stop its trainer gracefully. The
+reconciler's embedded scheduler (Celery beat, a child process of the
+``control`` worker) dies with that worker."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing
 import os
+import signal
 import threading
 
-from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import (
+    beat_embedded_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 from django.db import close_old_connections
 
 log = logging.getLogger("jobs")
@@ -63,3 +73,24 @@ def _on_shutdown(sender=None, **_kwargs) -> None:
             services.unregister_worker(hostname)
         except Exception:
             log.exception("could not unregister worker %s", hostname)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@beat_embedded_init.connect
+def _die_with_the_worker(**_kwargs) -> None:
+    """``celery worker -B`` runs beat in a forked child. Killed with SIGKILL, the
+    worker cannot stop it: the orphan would keep sending every tick, and after a
+    restart two schedulers would. So the kernel kills the child when its parent
+    dies (PR_SET_PDEATHSIG, as the trainer's exec shim does), and a child whose
+    parent is already gone (it died before the prctl) exits at once."""
+    parent = multiprocessing.parent_process()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: nothing ties the child to its parent
+        log.warning("beat: cannot ask to die with the worker (no prctl)")
+        return
+    if parent is not None and os.getppid() != parent.pid:
+        log.error("beat: the worker that started it is gone; exiting")
+        os._exit(1)

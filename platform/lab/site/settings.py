@@ -38,9 +38,12 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parents[3]  # the repository root
 VAR_DIR = Path(os.environ.get("LAB_VAR_DIR", BASE_DIR / "var"))
 RUNS_DIR = Path(os.environ.get("LAB_RUNS_DIR", VAR_DIR / "runs"))
-# Folders registered models and datasets must live in (":"-separated; empty: anywhere
-# this server can read). A team deployment sets the shared volume, so a login
-# cannot make the server read, or the workers load, files outside it.
+# Folders every path a user names must lie in (":"-separated; lab.assets.roots):
+# registered models and datasets, a run's model.source, task.data_file and
+# task.eval_file. Empty: anywhere this server can read (`check --deploy` warns;
+# `make up` sets the shipped data and var/). A team deployment sets the shared
+# volume, so a login cannot make the server read, or the workers load, files
+# outside it.
 LAB_ASSET_ROOTS = [Path(p) for p in os.environ.get("LAB_ASSET_ROOTS", "").split(":") if p]
 
 # One machine on SQLite (the `make up` default, or any sqlite:// DATABASE_URL);
@@ -129,9 +132,15 @@ TEMPLATES = [
 
 # --------------------------------------------------------------------------- database
 _default_db_url = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
+# Connections are kept for 60 s between requests, and each request first checks
+# that its kept connection still answers (CONN_HEALTH_CHECKS): after the database
+# dropped them (a restart, a failover, pg_terminate_backend) a request opens a new
+# one instead of answering 500 on the dead one.
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", _default_db_url), conn_max_age=60
+        os.environ.get("DATABASE_URL", _default_db_url),
+        conn_max_age=60,
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
