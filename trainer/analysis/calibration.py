@@ -62,7 +62,11 @@ def balance_of(loads: Sequence[Sequence[float]]) -> dict[str, Any]:
 
 @torch.no_grad()
 def calibrate_base(
-    cfg: ExperimentConfig, sigmas: Sequence[float], batches: int = 2, seed: int = 0
+    cfg: ExperimentConfig,
+    sigmas: Sequence[float],
+    batches: int = 2,
+    seed: int = 0,
+    kind: str = "fixed",
 ) -> dict[str, Any]:
     """Gap measures per sigma on the base of ``cfg`` (trained or read from the cache)."""
     from trainer.hf.loader import build_model
@@ -81,7 +85,7 @@ def calibrate_base(
     loads_total: list[torch.Tensor] | None = None
     for sigma in sigmas:
         noise = RouterNoise(
-            sigma, "fixed", n_moe, cfg.model.d_model, cfg.model.n_experts, seed=cfg.run.seed
+            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=cfg.run.seed
         )
         engine = RolloutEngine(cfg.model, vocab, precision="fp32", router_noise=noise)
         engine.load_weights(policy.state_dict())
@@ -168,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--bases", default="0,1,2,3")
     parser.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
     parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -181,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     by_base = {}
     for base in (int(b) for b in args.bases.split(",")):
         cfg = study.config_for(variant, base)
-        by_base[str(base)] = calibrate_base(cfg, sigmas, batches=args.batches)
+        by_base[str(base)] = calibrate_base(cfg, sigmas, batches=args.batches, kind=args.kind)
         print(f"base {base}: done", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(by_base, indent=1))
