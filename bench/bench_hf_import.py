@@ -83,14 +83,18 @@ def child_import(folder: str) -> None:
     print(json.dumps({"seconds": seconds, "rss_before": before, "peak": peak, "params": n_params}))
 
 
-def bench_import(threads: int) -> dict:
+def bench_import(threads: int, shard_mb: int = 0, vocab: int = BIG["vocab_size"]) -> dict:
     sys.path.insert(0, str(TESTS))
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        Qwen3MoeForCausalLM(Qwen3MoeConfig(**BIG)).save_pretrained(tmp)  # freed right after
+        shards = {"max_shard_size": f"{shard_mb}MB"} if shard_mb else {"max_shard_size": "100GB"}
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**BIG, "vocab_size": vocab}))
+        model.save_pretrained(tmp, **shards)
+        del model  # freed before the imports
         size = sum(f.stat().st_size for f in Path(tmp).glob("*.safetensors"))
+        n_shards = len(list(Path(tmp).glob("*.safetensors")))
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         runs = []
         for _ in range(3):
@@ -105,6 +109,7 @@ def bench_import(threads: int) -> dict:
     return {
         "params": best["params"],
         "checkpoint_mb": size / 1e6,
+        "shards": n_shards,
         "import_s_median": statistics.median(r["seconds"] for r in runs),
         "peak_added_mb": added / 1e6,
         "peak_over_checkpoint": added / size,
@@ -177,6 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--only", choices=["import", "rl-step"], help="run one of the two measurements"
     )
+    parser.add_argument("--shard-mb", type=int, default=0, help="import: shard size (0 = one file)")
+    parser.add_argument("--vocab", type=int, default=BIG["vocab_size"], help="import: vocabulary")
     parser.add_argument("--child-import", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_import:
@@ -187,9 +194,12 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"threads": args.threads}
     print(f"HF import, {args.threads} threads")
     if args.only in (None, "import"):
-        result.update(bench_import(args.threads))
+        result.update(bench_import(args.threads, args.shard_mb, args.vocab))
         print(f"  parameters            {result['params'] / 1e6:8.1f} M")
-        print(f"  checkpoint            {result['checkpoint_mb']:8.1f} MB (fp32 safetensors)")
+        print(
+            f"  checkpoint            {result['checkpoint_mb']:8.1f} MB in {result['shards']} "
+            "file(s) (fp32 safetensors)"
+        )
         print(f"  import time (median)  {result['import_s_median']:8.2f} s")
         print(
             f"  peak RSS added        {result['peak_added_mb']:8.1f} MB = "

@@ -89,10 +89,13 @@ def make_hf_model(family: str, seed: int = 0, **overrides):
     return model
 
 
-def save_hf_checkpoint(family: str, folder: Path, seed: int = 0, **overrides):
-    """Save a tiny random checkpoint of ``family`` into ``folder``; returns the model."""
+def save_hf_checkpoint(
+    family: str, folder: Path, seed: int = 0, max_shard_size: str | None = None, **overrides
+):
+    """Save a tiny random checkpoint of ``family`` into ``folder`` (in shards of at
+    most ``max_shard_size``, e.g. "100KB", when given); returns the model."""
     model = make_hf_model(family, seed, **overrides)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return model
 
 

@@ -70,6 +70,18 @@ def build_config(
     return cfg
 
 
+def check_input_files(cfg: ExperimentConfig) -> None:
+    """The checkpoint folder loads (``trainer.hf.validate``: safetensors headers,
+    tensor shapes against config.json, the tokenizer), or a FieldError."""
+    if cfg.model.source == "builtin":
+        return
+    from trainer.hf.validate import validate_checkpoint
+
+    errors = validate_checkpoint(cfg.model.source)
+    if errors:
+        raise FieldError(errors)
+
+
 def check_launched_nodes(nodes: int, gpus: int) -> None:
     """A run over several hosts needs torchrun on each (``--nnodes``); started
     any other way it would train on one host and call it several."""
@@ -204,7 +216,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.hf.tokenizer import install_checkpoint_tokenizer
             from trainer.tasks import make_task
 
-            # An imported model's tokenizer and its prompt lengths, before any write.
+            # Every input file checked before anything is written into --out: the
+            # checkpoint's headers, shapes and tokenizer, the data file's rows, an
+            # imported model's tokenizer and its prompt lengths.
+            check_input_files(cfg)
             install_checkpoint_tokenizer(make_task(cfg.task), cfg)
             from trainer.runner import run_from_cli
 

@@ -13,7 +13,6 @@ second full copy of the checkpoint.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +21,18 @@ import torch
 from trainer.config import ExperimentConfig, ModelConfig, RopeScalingConfig
 from trainer.errors import FieldError
 from trainer.hf.families import SHAPE_FIELDS, SOURCE, model_fields_from_hf
+from trainer.hf.files import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    checkpoint_folder,
+    read_hf_config,
+    read_weight_map,
+)
 from trainer.hf.weights import Piece, weight_plan
 from trainer.model.transformer import TransformerLM
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 # Checkpoint tensors that carry no weights of the model (old rotary caches).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def read_hf_config(folder: Path) -> dict[str, Any]:
-    """The checkpoint's config.json, or a FieldError at model.source saying what is missing."""
-    if not folder.is_dir():
-        raise FieldError(
-            [(SOURCE, f"{folder} is not a folder (use 'builtin' or a checkpoint folder)")]
-        )
-    path = folder / "config.json"
-    if not path.exists():
-        raise FieldError(
-            [(SOURCE, f"{folder} has no config.json (a Hugging Face checkpoint needs one)")]
-        )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FieldError([(SOURCE, f"{path} is not valid JSON: {exc}")]) from None
-    if not isinstance(data, dict):
-        raise FieldError([(SOURCE, f"{path} must hold a JSON object")])
-    return data
 
 
 def resolve_model_source(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -62,7 +46,9 @@ def resolve_model_source(cfg: ExperimentConfig) -> ExperimentConfig:
     model = cfg.model
     if model.source == "builtin":
         return cfg
-    folder = Path(model.source).expanduser().resolve()  # workers may run elsewhere in the tree
+    # workers may run elsewhere in the tree: stored absolute (a hub cache folder or
+    # repo id as the snapshot folder it resolves to)
+    folder = checkpoint_folder(model.source)
     fields = model_fields_from_hf(read_hf_config(folder))
     defaults = ModelConfig()
     errors = []
@@ -96,9 +82,13 @@ class CheckpointReader:
     ``safe_open`` memory-maps a shard, and every page a read touched stays in
     the process's resident set while the map is open: reading a whole shard
     through one handle would hold a second copy of the checkpoint in RSS next
-    to the model. A handle is therefore dropped (unmapped) after it has served
-    ``remap_bytes``, which bounds that extra memory at about ``remap_bytes``
-    plus the largest tensor (bench/bench_hf_import.py measures it).
+    to the model. Every open handle is therefore dropped (unmapped) once the
+    reader has served ``remap_bytes`` since the last drop, counted over all
+    shards together (counted per shard, shards smaller than ``remap_bytes``
+    would all stay mapped: 2.06x the checkpoint for 10 shards of 50 MB), and a
+    shard's handle is dropped as soon as its last tensor has been read. That
+    bounds the extra memory at about ``remap_bytes`` plus the largest tensor
+    (bench/bench_hf_import.py measures it, docs/benchmarks.md).
     """
 
     def __init__(self, folder: Path, remap_bytes: int = 64 * 1024**2):
@@ -106,23 +96,33 @@ class CheckpointReader:
         self.remap_bytes = remap_bytes
         index = folder / INDEX_FILE
         if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_weight_map(index)
         elif (folder / SINGLE_FILE).exists():
             weight_map = None
         else:
             raise FieldError([(SOURCE, f"{folder} has neither {SINGLE_FILE} nor {INDEX_FILE}")])
         self._handles: dict[str, Any] = {}
-        self._served: dict[str, int] = {}
+        self._served = 0  # bytes served since the handles were last dropped
         if weight_map is None:
             weight_map = dict.fromkeys(self._handle(SINGLE_FILE).keys(), SINGLE_FILE)
         self.weight_map: dict[str, str] = weight_map
+        self._unread: dict[str, int] = {}
+        for file in weight_map.values():
+            self._unread[file] = self._unread.get(file, 0) + 1
 
     def _handle(self, file: str):
         if file not in self._handles:
             from safetensors import safe_open
 
-            self._handles[file] = safe_open(str(self.folder / file), framework="pt")
-            self._served[file] = 0
+            path = self.folder / file
+            if not path.is_file():
+                raise FieldError([(SOURCE, f"shard {file} is missing from {self.folder}")])
+            try:
+                self._handles[file] = safe_open(str(path), framework="pt")
+            except Exception as exc:  # safetensors' own error kinds for a broken header
+                raise FieldError(
+                    [(SOURCE, f"{path} is not a readable safetensors file: {exc}")]
+                ) from None
         return self._handles[file]
 
     @property
@@ -133,10 +133,19 @@ class CheckpointReader:
         if name not in self.weight_map:
             raise FieldError([(SOURCE, f"the checkpoint has no tensor {name!r}")])
         file = self.weight_map[name]
-        tensor = self._handle(file).get_tensor(name)
-        self._served[file] += tensor.numel() * tensor.element_size()
-        if self._served[file] >= self.remap_bytes:
-            del self._handles[file]  # unmaps: the pages read so far leave the RSS
+        try:
+            tensor = self._handle(file).get_tensor(name)
+        except FieldError:
+            raise
+        except Exception as exc:  # a truncated or corrupted data section
+            raise FieldError([(SOURCE, f"{file}: tensor {name!r} cannot be read: {exc}")]) from None
+        self._served += tensor.numel() * tensor.element_size()
+        self._unread[file] -= 1
+        if self._unread[file] <= 0:
+            self._handles.pop(file, None)  # its last tensor: unmap now
+        if self._served >= self.remap_bytes:
+            self._handles.clear()  # unmaps: the pages read so far leave the RSS
+            self._served = 0
         return tensor
 
 

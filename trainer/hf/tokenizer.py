@@ -23,7 +23,6 @@ token; no pad token means EOS pads (pads are never attended to).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from trainer.config import ExperimentConfig, ModelConfig
 from trainer.errors import FieldError
 from trainer.hf.families import SOURCE
+from trainer.hf.files import read_json_file
 
 
 def _token_text(value: Any) -> str | None:
@@ -46,7 +46,10 @@ class CheckpointTokenizer:
         from tokenizers import Tokenizer
 
         self.folder = folder
-        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        try:
+            self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # the tokenizers library raises its own kinds for a bad file
+            raise FieldError([(SOURCE, f"tokenizer.json does not load: {exc}")]) from None
         tok_cfg = _read_json(folder / "tokenizer_config.json")
         model_cfg = _read_json(folder / "config.json")
         self._special_text = {
@@ -120,7 +123,13 @@ class CheckpointTokenizer:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
+    """A JSON object file of the checkpoint ({} when absent; FieldError when broken)."""
+    if not path.exists():
+        return {}
+    data = read_json_file(path)
+    if not isinstance(data, dict):
+        raise FieldError([(SOURCE, f"{path} must hold a JSON object")])
+    return data
 
 
 def _compile_template(folder: Path, tok_cfg: dict[str, Any]):

@@ -1,0 +1,270 @@
+"""Check a checkpoint folder before anything trusts it, reading headers only.
+
+    errors = validate_checkpoint("/data/ckpt/Qwen3-30B-A3B")   # [] = loads
+    errors = validate_checkpoint(path, field="path", tokenizer=False)
+
+Returns field errors ``(field, message)``, each naming the file and the
+problem; never raises for a bad file. What is checked (docs/models.md,
+"Files checked before they are trusted"):
+
+* ``config.json`` parses and is a supported family whose shape is valid
+  (``top_k <= experts``, heads dividing the width, ...);
+* every weight file exists: ``model.safetensors``, or every shard the
+  ``model.safetensors.index.json`` names, and the index names only tensors
+  its shards hold;
+* every safetensors header parses (the 8-byte length, the JSON header, dtypes,
+  shapes and data offsets that fit inside the file: a truncated file or a
+  corrupted header is caught without reading a weight);
+* every tensor the model needs is there with the shape ``config.json``
+  implies (hidden size, expert count and widths, heads, vocabulary), and no
+  tensor is left over;
+* ``tokenizer.json`` loads (``tokenizer=True``) and fits the embedding.
+
+Torch is never imported: the safetensors format is read by hand (an 8-byte
+little-endian header length, then that many bytes of JSON;
+https://github.com/huggingface/safetensors#format), so a web process can call
+this without loading torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import FieldError
+from trainer.hf.files import INDEX_FILE, SINGLE_FILE
+
+# Bytes per element of each safetensors dtype.
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+# A header larger than this is not a real checkpoint's (safetensors caps it at 100 MB).
+MAX_HEADER_BYTES = 100 * 1024**2
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+Shape = tuple[int, ...]
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[str, Shape]]:
+    """tensor name -> (dtype, shape) from a safetensors file's header; FieldError
+    (on ``model.source``) naming the file for any inconsistency."""
+
+    def bad(problem: str) -> FieldError:
+        return FieldError([("model.source", f"{path.name}: {problem}")])
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad(f"is {size} bytes, too short for a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise bad(f"header length {n} does not fit the {size}-byte file (truncated?)")
+            raw = f.read(n)
+    except OSError as exc:
+        raise bad(f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    data_bytes = size - 8 - n
+    out: dict[str, tuple[str, Shape]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            shape = tuple(int(d) for d in shape)
+            start, end = int(start), int(end)
+        except (TypeError, KeyError, ValueError):
+            raise bad(f"tensor {name!r} has a malformed header entry") from None
+        if dtype not in DTYPE_BYTES:
+            raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+        if any(d < 0 for d in shape) or not 0 <= start <= end:
+            raise bad(f"tensor {name!r} has negative sizes or offsets")
+        if end - start != math.prod(shape) * DTYPE_BYTES[dtype]:
+            raise bad(f"tensor {name!r}: shape {list(shape)} does not match its byte range")
+        if end > data_bytes:
+            raise bad(
+                f"tensor {name!r} ends at byte {end} of a {data_bytes}-byte data section "
+                "(the file is truncated)"
+            )
+        out[name] = (dtype, shape)
+    return out
+
+
+def checkpoint_headers(folder: Path) -> dict[str, Shape]:
+    """tensor name -> shape over every weight file of the checkpoint (FieldError)."""
+    index = folder / INDEX_FILE
+    if index.exists():
+        from trainer.hf.files import read_weight_map
+
+        weight_map = read_weight_map(index)
+        files = sorted(set(weight_map.values()))
+    elif (folder / SINGLE_FILE).exists():
+        weight_map, files = None, [SINGLE_FILE]
+    else:
+        raise FieldError([("model.source", f"{folder} has neither {SINGLE_FILE} nor {INDEX_FILE}")])
+    missing = [file for file in files if not (folder / file).is_file()]
+    if missing:
+        raise FieldError(
+            [("model.source", f"shard {file} named in {INDEX_FILE} is missing") for file in missing]
+        )
+    shapes: dict[str, Shape] = {}
+    errors: list[tuple[str, str]] = []
+    for file in files:
+        try:
+            header = read_safetensors_header(folder / file)
+        except FieldError as exc:
+            errors += exc.errors
+            continue
+        for name, (_, shape) in header.items():
+            if weight_map is None or weight_map.get(name) == file:
+                shapes[name] = shape
+    if errors:
+        raise FieldError(errors)
+    if weight_map is not None:
+        absent = sorted(name for name in weight_map if name not in shapes)
+        if absent:
+            raise FieldError(
+                [
+                    (
+                        "model.source",
+                        f"{INDEX_FILE} names {len(absent)} tensor(s) its shards do not hold, "
+                        f"e.g. {absent[0]!r} in {weight_map[absent[0]]}",
+                    )
+                ]
+            )
+    return shapes
+
+
+def expected_shapes(cfg: Any, family: str, keys: set[str]) -> dict[str, Shape]:
+    """Checkpoint tensor name -> the shape ``cfg`` (a ModelConfig from config.json)
+    implies, for every tensor of ``weight_plan``."""
+    from trainer.hf.weights import weight_plan
+
+    d, hd = cfg.d_model, cfg.resolved_head_dim
+    q, kv = cfg.n_heads * hd, cfg.resolved_n_kv_heads * hd
+    vocab = cfg.vocab_size
+    out: dict[str, Shape] = {}
+    for piece in weight_plan(cfg, family, keys):
+        lab, hf = piece.lab, piece.hf
+        if lab in ("tok_emb.weight", "lm_head.weight"):
+            out[hf[0]] = (vocab, d)
+        elif lab in ("norm_f.weight",) or lab.endswith(("attn_norm.weight", "ffn_norm.weight")):
+            out[hf[0]] = (d,)
+        elif lab.endswith("attn.qkv.weight"):
+            out.update(zip(hf, ((q, d), (kv, d), (kv, d)), strict=True))
+        elif lab.endswith("attn.qkv.bias"):
+            out.update(zip(hf, ((q,), (kv,), (kv,)), strict=True))
+        elif lab.endswith("attn.proj.weight"):
+            out[hf[0]] = (d, q)
+        elif lab.endswith("attn.proj.bias"):
+            out[hf[0]] = (d,)
+        elif lab.endswith("q_norm.weight"):
+            out[hf[0]] = (hd,) if cfg.qk_norm == "head" else (q,)
+        elif lab.endswith("k_norm.weight"):
+            out[hf[0]] = (hd,) if cfg.qk_norm == "head" else (kv,)
+        elif lab.endswith("router.weight"):
+            out[hf[0]] = (cfg.n_experts, d)
+        elif lab.endswith("shared_gate.weight"):
+            out[hf[0]] = (1, d)
+        elif piece.kind == "fused_expert":
+            h, e = cfg.expert_hidden, cfg.n_experts
+            out[hf[0]] = (e, d, h) if piece.part == "down" else (e, 2 * h, d)
+        else:  # SwiGLU matrices: dense block, shared expert or one routed expert
+            if piece.kind == "expert":
+                width = cfg.expert_hidden
+            elif ".shared." in lab:
+                width = cfg.shared_expert_hidden
+            else:
+                width = cfg.resolved_dense_hidden
+            out[hf[0]] = (d, width) if "w_down" in lab else (width, d)
+    return out
+
+
+def validate_checkpoint(
+    folder: str | Path, field: str = "model.source", tokenizer: bool = True
+) -> list[tuple[str, str]]:
+    """Every problem that would stop ``folder`` from loading, as ``(field, message)``
+    pairs reported on ``field``; ``[]`` when it loads. Reads config.json, the
+    safetensors headers and (``tokenizer``) tokenizer.json; no weights."""
+    try:
+        _validate(Path(folder), tokenizer)
+    except FieldError as exc:
+        return [(field, message) for _, message in exc.errors]
+    return []
+
+
+def _validate(folder: Path, tokenizer: bool) -> None:
+    from pydantic import ValidationError
+
+    from trainer.config import ModelConfig
+    from trainer.hf.families import SHAPE_FIELDS, model_fields_from_hf
+    from trainer.hf.files import read_hf_config
+
+    fields = model_fields_from_hf(read_hf_config(folder))
+    try:
+        cfg = ModelConfig.model_validate(
+            {name: fields[name] for name in SHAPE_FIELDS} | {"source": str(folder)}
+        )
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+        raise FieldError([("model.source", f"config.json: {problems}")]) from None
+    shapes = checkpoint_headers(folder)
+    expected = expected_shapes(cfg, cfg.family, set(shapes))
+    errors = []
+    for name, shape in expected.items():
+        if name not in shapes:
+            errors.append(("model.source", f"the weights have no tensor {name!r}"))
+        elif shapes[name] != shape:
+            errors.append(
+                (
+                    "model.source",
+                    f"tensor {name!r} has shape {list(shapes[name])} but config.json implies "
+                    f"{list(shape)}",
+                )
+            )
+    allowed = set(expected) | ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    extra = sorted(k for k in shapes if k not in allowed and not k.endswith(_IGNORED_SUFFIXES))
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        errors.append(
+            ("model.source", f"tensors the model has no place for: {', '.join(extra[:3])}{more}")
+        )
+    if errors:
+        raise FieldError(errors[:10])
+    if tokenizer:
+        _check_tokenizer(folder, cfg.vocab_size)
+
+
+def _check_tokenizer(folder: Path, vocab: int) -> None:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise FieldError([("model.source", f"{folder} has no tokenizer.json; runs encode with it")])
+    from trainer.hf.tokenizer import CheckpointTokenizer
+
+    try:
+        tok = CheckpointTokenizer(folder)
+    except FieldError:
+        raise
+    except Exception as exc:  # the tokenizers library raises its own kinds for a bad file
+        raise FieldError([("model.source", f"tokenizer.json does not load: {exc}")]) from None
+    if tok.vocab_size > vocab:
+        raise FieldError(
+            [
+                (
+                    "model.source",
+                    f"tokenizer.json has {tok.vocab_size} tokens but the embedding only {vocab}",
+                )
+            ]
+        )
