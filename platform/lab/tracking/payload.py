@@ -9,12 +9,12 @@ the lab's metric-key column are refused too: a key is stored as a
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from lab.api.json_input import loads
 from lab.experiments.text import NEVER_STORABLE, forbidden_character
 from lab.tracking.errors import invalid
 
@@ -35,12 +35,15 @@ MAX_STEP = 2**31 - 1
 MAX_TIMESTAMP_MS = 2**63 - 1
 
 
-@dataclass(frozen=True)
-class Point:
+class Point(NamedTuple):
     key: str
     value: float | None  # None: a non-finite value (stored as the store's null)
     timestamp: int
     step: int
+
+
+# A metric key that needs no closer look: printable, no NUL or surrogate.
+_PLAIN_KEY = re.compile(rf"[^\x00-\x1f\x7f\ud800-\udfff]{{1,{MAX_METRIC_KEY_LENGTH}}}")
 
 
 def parse_body(request) -> dict[str, Any]:
@@ -49,12 +52,56 @@ def parse_body(request) -> dict[str, Any]:
         return {k: request.GET.get(k) for k in request.GET}
     try:
         text = request.body.decode("utf-8") if request.body else "{}"
-        body = loads(text)
+        # C json: nesting past the interpreter's limit raises RecursionError, refused here
+        body = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     return body
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f'{name} is not a JSON value (send a metric\'s NaN as the string "NaN")')
+
+
+def points(entries: Any, field: str = "metrics") -> list[Point]:
+    """The points of a batch, checked. The common shape (a string key, a finite number,
+    integer timestamp and step in range) takes the fast path; anything else goes through
+    ``point``, which converts what proto JSON allows (int64 as strings, "NaN") or names
+    the field that is wrong."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise invalid(f"Invalid value for parameter '{field}': must be a list.")
+    out: list[Point] = []
+    append = out.append
+    plain = _PLAIN_KEY.fullmatch
+    isfinite = math.isfinite
+    for i, e in enumerate(entries):
+        if type(e) is dict:
+            key, value, ts, step = (
+                e.get("key"),
+                e.get("value"),
+                e.get("timestamp"),
+                e.get("step", 0),
+            )
+            if (
+                type(key) is str
+                and plain(key) is not None
+                and (type(value) is float or type(value) is int)
+                and isfinite(value)
+                and type(ts) is int
+                and 0 <= ts <= MAX_TIMESTAMP_MS
+                and type(step) is int
+                and 0 <= step <= MAX_STEP
+            ):
+                append(Point(key, float(value), ts, step))
+                continue
+        append(point(e, f"{field}[{i}]"))
+    return out
 
 
 def text(

@@ -358,10 +358,13 @@ def _store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
             run.source = {**run.source, "framework": framework}
     # One value per (step, stored key): the later timestamp wins, then the later point.
     chosen: dict[tuple[int, str], Point] = {}
+    stored_keys: dict[str, str] = {}
     for p in points:
-        stored_key = metric_map.lab_key(p.key, framework)
-        if stored_key != p.key:
-            tracked.stored_as[p.key] = stored_key
+        stored_key = stored_keys.get(p.key)
+        if stored_key is None:
+            stored_key = stored_keys[p.key] = metric_map.lab_key(p.key, framework)
+            if stored_key != p.key:
+                tracked.stored_as[p.key] = stored_key
         slot_key = (p.step, stored_key)
         if slot_key not in chosen or p.timestamp >= chosen[slot_key].timestamp:
             chosen[slot_key] = p
@@ -377,11 +380,13 @@ def _store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
         )
     )
     model = run.config.setdefault("model", {})
+    slots = {key: metric_map.vector_slot(key) for key in set(stored_keys.values())}
     rows = []
     for step, values in by_step.items():
-        merged = dict(existing.get(step) or {})
+        before = existing.get(step)
+        merged = dict(before or {})
         for key, value in values.items():
-            slot = metric_map.vector_slot(key)
+            slot = slots[key]
             if slot is None:
                 merged[key] = value
                 continue
@@ -394,7 +399,10 @@ def _store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
             layer = int(vector_key[len(mk.EXPERTS_LOAD_PREFIX) :])
             model["n_experts"] = max(int(model.get("n_experts") or 0), len(vector))
             model["n_layers"] = max(int(model.get("n_layers") or 0), layer + 1)
-        rows.append(MetricStep(run_id=run.pk, step=step, values=merged))
+        if merged != before:  # a retried batch changes nothing and writes nothing
+            rows.append(MetricStep(run_id=run.pk, step=step, values=merged))
+    if not rows:
+        return len(chosen)
     MetricStep.objects.bulk_create(
         rows,
         update_conflicts=True,
@@ -402,7 +410,7 @@ def _store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
         update_fields=["values"],
         batch_size=1000,
     )
-    first = chunk_of(min(by_step))
+    first = chunk_of(min(row.step for row in rows))
     if first < run.metric_chunks_sealed:
         unseal_from(run.pk, first)
         run.metric_chunks_sealed = first

@@ -30,4 +30,8 @@ urlpatterns = [
     path(f"{prefix}{route}", view, name=f"mlflow-{i}-{route.replace('/', '-')}")
     for i, prefix in enumerate(PREFIXES)
     for route, view in ENDPOINTS.items()
-] + [path(f"{prefix}<path:rest>", views.not_found) for prefix in PREFIXES]
+] + [
+    # the lab's own endpoint beside MLflow's: TensorBoard event files of a run
+    path("api/tracking/tensorboard", views.tensorboard_import, name="tracking-tensorboard"),
+    *[path(f"{prefix}<path:rest>", views.not_found) for prefix in PREFIXES],
+]
