@@ -4,7 +4,7 @@
                           --out RUN_DIR [--resume] [--lease-file PATH --lease-s S]
     python -m trainer presets
     python -m trainer schema
-    python -m trainer export RUN_DIR --step N --out DIR [--dtype bfloat16]
+    python -m trainer export RUN_DIR --step N --out DIR [--dtype bfloat16] [--replace]
 
 A bad config prints the offending field paths and exits with code 2 before
 anything is written. A run folder held by another trainer exits with code 73
@@ -156,6 +156,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=int, required=True, help="RL step of the checkpoint")
     export.add_argument("--out", required=True, help="folder for the HF checkpoint")
     export.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    export.add_argument(
+        "--replace", action="store_true", help="replace a non-empty --out folder as a whole"
+    )
     return parser
 
 
@@ -239,7 +242,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "export":
             from trainer.hf.export import export_run
 
-            out = export_run(Path(args.run_dir), args.step, Path(args.out), args.dtype)
+            out = export_run(
+                Path(args.run_dir), args.step, Path(args.out), args.dtype, replace=args.replace
+            )
             print(f"wrote {out}")
             return 0
         if args.command == "study":

@@ -6,14 +6,19 @@ writes ``config.json`` (the source checkpoint's, with the shape fields
 rewritten; or a fresh one for a builtin model, as mixtral/llama),
 ``model.safetensors`` (sharded with an index above ``max_shard_bytes``) in
 the standard per-expert layout, and copies the source checkpoint's tokenizer
-and generation files. transformers loads the folder to the same logits
-(tests/trainer/test_hf_export.py).
+and generation files (a builtin model: its own tokenizer's files). The folder
+appears whole or not at all (written next to it, then renamed), and an
+existing non-empty folder is replaced only when asked (``--replace``).
+transformers loads the folder to the same logits
+(tests/trainer/test_hf_import_export.py, tests/trainer/test_hf_export_files.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ import torch
 from trainer.config import ModelConfig
 from trainer.errors import FieldError
 from trainer.hf.families import export_family, hf_config_from_model
-from trainer.hf.loader import INDEX_FILE, SINGLE_FILE
+from trainer.hf.files import INDEX_FILE, SINGLE_FILE, read_json_file
 from trainer.hf.weights import weight_plan
 
 TOKENIZER_FILES = (
@@ -59,6 +64,60 @@ def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
     return out
 
 
+def _source_files(cfg: ModelConfig) -> tuple[Path | None, dict[str, Any] | None]:
+    """(source folder, its config.json) of an imported model; (None, None) for the
+    builtin one. A source that is gone is a FieldError: the export would lose the
+    tokenizer, the token ids and the context length."""
+    if cfg.source == "builtin":
+        return None, None
+    source = Path(cfg.source)
+    if not (source / "config.json").is_file():
+        raise FieldError(
+            [
+                (
+                    "model.source",
+                    f"the run's source checkpoint {source} is gone (no config.json): the "
+                    "export copies its tokenizer, generation config and context length; "
+                    "put the checkpoint back at that path",
+                )
+            ]
+        )
+    return source, read_json_file(source / "config.json")
+
+
+def _prepare_target(out: Path, replace: bool) -> Path:
+    """A fresh temporary folder next to ``out`` (same filesystem, so the final
+    rename is atomic); a non-empty ``out`` is refused unless ``replace``."""
+    if out.exists() and not out.is_dir():
+        raise FieldError([("--out", f"{out} exists and is not a folder")])
+    if out.is_dir() and any(out.iterdir()) and not replace:
+        raise FieldError(
+            [
+                (
+                    "--out",
+                    f"{out} is not empty; choose a new folder or pass --replace to "
+                    "replace its content",
+                )
+            ]
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the export is for other readers too
+    return tmp
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` folder to ``out``; an old ``out`` is renamed
+    aside first and removed after, so ``out`` is never half written."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def export_hf(
     state: dict[str, torch.Tensor],
     cfg: ModelConfig,
@@ -66,20 +125,49 @@ def export_hf(
     out: Path,
     dtype: str = "float32",
     max_shard_bytes: int = 2 * 1024**3,
+    replace: bool = False,
+    builtin_tokenizer: str | None = None,
 ) -> Path:
-    """Write ``state`` (a TransformerLM state_dict) as an HF checkpoint into ``out``."""
+    """Write ``state`` (a TransformerLM state_dict) as an HF checkpoint folder ``out``.
+
+    Atomic: everything is written into a temporary folder next to ``out``,
+    then renamed into place. A non-empty ``out`` is refused unless ``replace``
+    (then replaced as a whole: no shard of an earlier export survives). An
+    imported model carries its source's tokenizer and generation files; a
+    builtin model writes ``builtin_tokenizer``'s ("char" or "byte") files.
+    """
     from safetensors.torch import save_file
 
-    base = None
-    source = Path(cfg.source) if cfg.source != "builtin" else None
-    if source is not None and (source / "config.json").exists():
-        base = json.loads((source / "config.json").read_text())
+    source, base = _source_files(cfg)
     config = hf_config_from_model(cfg, vocab_size, base)
     config["torch_dtype"] = dtype
+    if source is None and builtin_tokenizer is not None:
+        config.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     tensors = {
         name: t.to("cpu", DTYPES[dtype]).contiguous() for name, t in hf_tensors(state, cfg).items()
     }
-    out.mkdir(parents=True, exist_ok=True)
+    tmp = _prepare_target(out, replace)
+    try:
+        _write_weights(tensors, tmp, max_shard_bytes, save_file)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        if source is not None:
+            for name in TOKENIZER_FILES:
+                if (source / name).exists():
+                    shutil.copy2(source / name, tmp / name)
+        elif builtin_tokenizer is not None:
+            from trainer.hf.builtin_tokenizer import write_builtin_tokenizer
+
+            ids = write_builtin_tokenizer(builtin_tokenizer, tmp)
+            generation = {**ids, "do_sample": True}
+            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], out: Path, max_shard_bytes: int, save_file):
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in tensors.items():
@@ -91,35 +179,40 @@ def export_hf(
         size += nbytes
     if len(shards) == 1:
         save_file(shards[0], str(out / SINGLE_FILE), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, start=1):
-            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / file), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, file))
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    if source is not None:
-        for name in TOKENIZER_FILES:
-            if (source / name).exists():
-                shutil.copy2(source / name, out / name)
-    return out
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
 
 
-def export_run(run_dir: Path, step: int, out: Path, dtype: str = "float32") -> Path:
-    """Export the policy of ``run_dir``'s checkpoint taken after ``step`` RL steps."""
+def export_run(
+    run_dir: Path, step: int, out: Path, dtype: str = "float32", replace: bool = False
+) -> Path:
+    """Export the policy of ``run_dir``'s checkpoint taken after ``step`` RL steps.
+
+    The stored config is read as a schema only (no task is built): the export
+    needs neither the run's data file nor its reward module.
+    """
+    from pydantic import ValidationError
+
     from trainer.checkpoint import checkpoint_path, load_checkpoint, read_sharded_policy
+    from trainer.config import ExperimentConfig
     from trainer.run_files import CONFIG_FILE
-    from trainer.validation import validate_config
 
     config_file = run_dir / CONFIG_FILE
     if not config_file.exists():
         raise FieldError([("RUN_DIR", f"{run_dir} has no {CONFIG_FILE}; is it a run folder?")])
     if dtype not in DTYPES:
         raise FieldError([("--dtype", f"choose one of {', '.join(DTYPES)}")])
-    cfg = validate_config(json.loads(config_file.read_text()))
+    try:
+        cfg = ExperimentConfig.model_validate(read_json_file(config_file, "RUN_DIR"))
+    except ValidationError as exc:
+        raise FieldError([("RUN_DIR", f"{config_file} is not a valid run config: {exc}")]) from None
     ckpt = load_checkpoint(run_dir)
     if ckpt is None:
         raise FieldError([("RUN_DIR", f"{run_dir} has no checkpoint ({checkpoint_path(run_dir)})")])
@@ -132,4 +225,8 @@ def export_run(run_dir: Path, step: int, out: Path, dtype: str = "float32") -> P
     if policy is None and ckpt.get("sharded"):  # an FSDP run: merge its shards
         policy = read_sharded_policy(run_dir, ckpt["sharded"])
     vocab_size = int(policy["tok_emb.weight"].shape[0])
-    return export_hf(policy, cfg.model, vocab_size, out, dtype)
+    builtin_tokenizer = "byte" if cfg.task.name == "text" else "char"
+    return export_hf(
+        policy, cfg.model, vocab_size, out, dtype, replace=replace,
+        builtin_tokenizer=builtin_tokenizer,
+    )  # fmt: skip
