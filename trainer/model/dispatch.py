@@ -1,11 +1,35 @@
 """Token-to-expert dispatch: sort (token, expert) assignments by expert and run
 each expert's matmul on its contiguous segment, no token dropping.
 
-Two backends compute the same grouped matmul ``out[rows of e] = x[rows of e] @ w[e]``:
+Three backends compute the same grouped matmul ``out[rows of e] = x[rows of e] @ w[e]``:
 
 * ``grouped_mm``: one ``torch.nn.functional.grouped_mm`` call (torch >= 2.10
-  has a CPU kernel with autograd; on CUDA it needs bf16 on SM80+).
-* ``loop``: a Python loop over experts on contiguous segments (E matmuls).
+  has a CPU kernel with autograd). On CUDA the FUSED kernel exists for bf16
+  on sm90 and sm100 only; on sm80 torch runs an mm loop behind it that reads
+  the group offsets on the host (a device-to-host sync per call, pytorch
+  issue 186620, closed as not planned).
+* ``padded``: no host sync anywhere, for every dtype and capability. Each
+  expert's rows are padded to a multiple of a tile of ``T`` rows (static:
+  from the row and expert counts only), so the rows form at most
+  ``(M + E (T - 1)) // T`` blocks of one expert each; one ``bmm`` of the
+  (blocks, T, K) rows against each block's expert weight (blocks, K, N)
+  computes all experts. With ``T`` the power of two at or above M / E the
+  blocks are at most 2E and the padded rows at most 2M, so the gathered
+  weights are at most twice the expert weights and the FLOPs at most twice
+  the routed ones, whatever the routing (MegaBlocks' block-sparse layout,
+  Gale et al. 2022, with a dense bmm per block instead of a custom kernel).
+* ``loop``: a Python loop over experts on contiguous segments (E matmuls,
+  and ``counts.tolist()``, a host sync). The reference; used only when asked.
+
+``auto`` picks by device, capability and dtype (``choose_backend``): the
+fused ``grouped_mm`` where it exists (CPU fp32/bf16, CUDA bf16 on sm90/sm100),
+``padded`` everywhere else (CUDA fp32/fp16, and bf16 on sm80). ``auto`` never
+picks ``loop``, and asking for ``grouped_mm`` where torch has no kernel for the
+operands is an error, not a quiet change of backend.
+
+The expert counts come from a search in the sorted expert ids, not
+``bincount`` (whose CUDA kernel reads the largest id on the host to size its
+output): dispatch itself is sync-free (trainer.devices.sync_count).
 
 Measured on the 2-core CPU with bench/bench_moe_layer.py (hidden 256, expert
 width 512, 16 experts, top-2, 4096 tokens, fp32): grouped_mm forward+backward
@@ -16,24 +40,60 @@ avoids E separate small GEMMs), so ``auto`` picks grouped_mm wherever it runs.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "grouped_mm", "loop")
+from trainer.devices import capability as device_props
+
+BACKENDS = ("auto", "grouped_mm", "padded", "loop")
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+# Compute capabilities (major) with torch's fused grouped-GEMM kernel (bf16).
+_FUSED_GROUPED_MM_MAJORS = (9, 10)
 
 
-def grouped_mm_supported(x: torch.Tensor) -> bool:
-    """Whether torch's grouped_mm kernel takes these operands on this device."""
+def grouped_mm_runs(device_type: str, dtype: torch.dtype, capability) -> bool:
+    """Whether torch's grouped_mm takes these operands at all (fused or not)."""
     if _grouped_mm is None:
         return False
-    if x.device.type == "cpu":
-        return x.dtype in (torch.float32, torch.bfloat16)
-    if x.device.type == "cuda":
-        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    if device_type == "cpu":
+        return dtype in (torch.float32, torch.bfloat16)
+    if device_type == "cuda":
+        return dtype == torch.bfloat16 and capability is not None and capability >= (8, 0)
     return False
+
+
+def fused_grouped_mm(device_type: str, dtype: torch.dtype, capability) -> bool:
+    """Whether grouped_mm runs as one kernel without a host sync: the CPU kernel,
+    or CUDA bf16 on a capability with the fused kernel (sm90, sm100)."""
+    if not grouped_mm_runs(device_type, dtype, capability):
+        return False
+    return device_type == "cpu" or capability[0] in _FUSED_GROUPED_MM_MAJORS
+
+
+def choose_backend(
+    requested: str, device_type: str, dtype: torch.dtype, capability: tuple[int, int] | None
+) -> str:
+    """The backend that runs: ``requested`` unless it is ``auto`` (module docstring).
+
+    capability: the CUDA compute capability (major, minor), None off CUDA.
+    Raises ValueError for an unknown name or a ``grouped_mm`` torch cannot run here.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown MoE backend {requested!r}; choose one of {BACKENDS}")
+    if requested == "auto":
+        return "grouped_mm" if fused_grouped_mm(device_type, dtype, capability) else "padded"
+    if requested == "grouped_mm" and not grouped_mm_runs(device_type, dtype, capability):
+        where = device_props.capability_label(capability) if device_type == "cuda" else device_type
+        raise ValueError(
+            f"MoE backend 'grouped_mm' has no kernel for {dtype} on {where}; use 'auto' or 'padded'"
+        )
+    return requested
+
+
+def device_capability_of(x: torch.Tensor):
+    return device_props.device_capability(x.device)
 
 
 def resolve_backend(backend: str, x: torch.Tensor, widths: tuple[int, ...] = ()) -> str:
@@ -45,11 +105,7 @@ def resolve_backend(backend: str, x: torch.Tensor, widths: tuple[int, ...] = ())
     checked here, before any kernel runs; where one fails the loop backend
     runs instead and the fallback is recorded (``grouped_mm_fallbacks``).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown MoE backend {backend!r}; choose one of {BACKENDS}")
-    choice = backend
-    if backend == "auto":
-        choice = "grouped_mm" if grouped_mm_supported(x) else "loop"
+    choice = choose_backend(backend, x.device.type, x.dtype, device_capability_of(x))
     if choice == "grouped_mm":
         problem = grouped_mm_stride_problem((x.shape[-1], *widths), x.element_size())
         if problem is not None:
@@ -86,6 +142,20 @@ def grouped_mm_fallbacks() -> list[str]:
     return list(_FALLBACKS)
 
 
+def grouped_mm_supported(x: torch.Tensor) -> bool:
+    """Whether torch's grouped_mm takes these operands on this device."""
+    return grouped_mm_runs(x.device.type, x.dtype, device_props.device_capability(x.device))
+
+
+def expert_counts(sorted_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """counts (E,) int64 and offsets (E,) int32 (cumulative ends) of expert ids sorted
+    ascending, by binary search: no host sync (``bincount`` syncs on CUDA)."""
+    experts = torch.arange(n_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    return counts, ends.to(torch.int32)
+
+
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the incoming gradient contiguous.
 
@@ -104,6 +174,51 @@ class _ContiguousGrad(torch.autograd.Function):
 
 
 @dataclass
+class PaddedLayout:
+    """Where each sorted row sits in the tile-padded block layout (``padded`` backend).
+
+    source: (blocks * T,) row of x for each padded row; ``M`` (one past the last
+    row: a zero row) on padding. dest: (M,) padded row of each sorted row.
+    block_expert: (blocks,) the expert of each block. tile: T.
+    """
+
+    source: torch.Tensor
+    dest: torch.Tensor
+    block_expert: torch.Tensor
+    tile: int
+
+    @classmethod
+    def build(cls, counts: torch.Tensor, offsets: torch.Tensor, rows: int) -> PaddedLayout:
+        """counts, offsets: (E,) rows per expert and cumulative ends; rows: M (static)."""
+        n_experts = counts.shape[0]
+        tile = padded_tile(rows, n_experts)
+        blocks = max(1, (rows + n_experts * (tile - 1)) // tile)
+        dev = counts.device
+        ends = offsets.to(torch.int64)
+        starts = ends - counts
+        padded = (counts + tile - 1) // tile * tile
+        padded_ends = padded.cumsum(0)
+        padded_starts = padded_ends - padded
+        block_starts = torch.arange(blocks, device=dev) * tile
+        # A block past the last padded segment gets the last expert: its rows are padding.
+        block_expert = torch.searchsorted(padded_ends, block_starts, right=True)
+        block_expert = block_expert.clamp_(max=n_experts - 1)
+        row_expert = block_expert[:, None].expand(blocks, tile).reshape(-1)
+        rank = torch.arange(blocks * tile, device=dev) - padded_starts[row_expert]
+        source = torch.where(rank < counts[row_expert], starts[row_expert] + rank, rows)
+        sorted_rows = torch.arange(rows, device=dev)
+        expert_of_row = torch.searchsorted(ends, sorted_rows, right=True)
+        dest = padded_starts[expert_of_row] + sorted_rows - starts[expert_of_row]
+        return cls(source=source, dest=dest, block_expert=block_expert, tile=tile)
+
+
+def padded_tile(rows: int, n_experts: int) -> int:
+    """T: the power of two at or above rows / E, at least 8 (module docstring)."""
+    per_expert = max(1, -(-rows // n_experts))
+    return max(8, 1 << (per_expert - 1).bit_length())
+
+
+@dataclass
 class Dispatch:
     """Assignments sorted by expert.
 
@@ -118,6 +233,7 @@ class Dispatch:
     token: torch.Tensor
     counts: torch.Tensor
     offsets: torch.Tensor
+    _padded: PaddedLayout | None = field(default=None, repr=False)
 
     @classmethod
     def from_indices(cls, indices: torch.Tensor, n_experts: int) -> Dispatch:
@@ -127,14 +243,30 @@ class Dispatch:
         # Unique keys make the (faster) unstable sort deterministic and stable.
         order = torch.argsort(flat * flat.numel() + slots)
         inverse = torch.empty_like(order).scatter_(0, order, slots)
-        counts = torch.bincount(flat, minlength=n_experts)
+        counts, offsets = expert_counts(flat.index_select(0, order), n_experts)
         return cls(
             order=order,
             inverse=inverse,
             token=order // indices.shape[-1],
             counts=counts,
-            offsets=counts.cumsum(0).to(torch.int32),
+            offsets=offsets,
         )
+
+    def padded_layout(self, rows: int) -> PaddedLayout:
+        """The ``padded`` backend's layout for ``rows`` sorted rows (built once, reused
+        by the three matmuls of a SwiGLU)."""
+        if self._padded is None or self._padded.dest.shape[0] != rows:
+            self._padded = PaddedLayout.build(self.counts, self.offsets, rows)
+        return self._padded
+
+
+def padded_expert_matmul(x: torch.Tensor, w: torch.Tensor, layout: PaddedLayout) -> torch.Tensor:
+    """x (M, K) sorted by expert, w (E, K, N) -> (M, N) as one bmm over blocks."""
+    tile, blocks = layout.tile, layout.block_expert.shape[0]
+    rows = torch.cat((x, x.new_zeros(1, x.shape[1])))  # row M: the padding source
+    xp = rows.index_select(0, layout.source).view(blocks, tile, x.shape[1])
+    out = torch.bmm(xp, w.index_select(0, layout.block_expert))  # (blocks, T, N)
+    return out.view(blocks * tile, -1).index_select(0, layout.dest)
 
 
 def expert_matmul(x: torch.Tensor, w: torch.Tensor, dispatch: Dispatch, backend: str):
@@ -148,6 +280,10 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, dispatch: Dispatch, backend:
         out = _grouped_mm(x, w, offs=dispatch.offsets)
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         return _ContiguousGrad.apply(out) if needs_grad else out
+    if backend == "padded":
+        return padded_expert_matmul(x, w, dispatch.padded_layout(x.shape[0]))
+    if backend != "loop":
+        raise ValueError(f"unresolved MoE backend {backend!r}: call resolve_backend first")
     segments = x.split(dispatch.counts.tolist())
     return torch.cat([seg @ w[e] for e, seg in enumerate(segments)])
 
