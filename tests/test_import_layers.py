@@ -38,8 +38,11 @@ ROOMS = {
     "trainer": ROOT / "trainer",
     "lab": ROOT / "platform" / "lab",
     "dashboard": ROOT / "dashboard",
+    # callbacks that run inside other frameworks' training jobs: the trainer's formulas at
+    # most, never Django, the lab or the dashboard
+    "integrations": ROOT / "integrations",
 }
-RANK = {"trainer": 0, "lab": 1, "dashboard": 2}
+RANK = {"trainer": 0, "integrations": 0, "lab": 1, "dashboard": 2}
 FORBIDDEN_IN_TRAINER = ("django", "rest_framework", "celery")
 
 # The trainer modules the platform may import (docs/design.md section 1.1), torch-free.
@@ -179,7 +182,8 @@ def upward_imports() -> list[str]:
     bad += [
         f"{module}:{line} imports {name}"
         for module, name, line in external
-        if _room(module) == "trainer" and name.split(".")[0] in FORBIDDEN_IN_TRAINER
+        if _room(module) in ("trainer", "integrations")
+        and name.split(".")[0] in FORBIDDEN_IN_TRAINER
     ]
     return bad
 
@@ -273,7 +277,9 @@ def _platform_trainer_imports() -> list[Edge]:
     return [
         e
         for e in import_edges()[0]
-        if _room(e.target) == "trainer" and _room(e.source) != "trainer" and not e.type_only
+        if _room(e.target) == "trainer"
+        and _room(e.source) not in ("trainer", "integrations")  # integrations: not the platform
+        and not e.type_only
     ]
 
 
