@@ -10,11 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from lab.assets.prompt_cost import check_prompt_template
 from lab.assets.text_files import not_utf8_error
-from lab.assets.weights_check import check_weights
 from trainer.config import ModelConfig, TextTaskConfig
 from trainer.errors import FieldError
 from trainer.hf.families import SHAPE_FIELDS
@@ -41,18 +38,15 @@ def _as_field(exc: FieldError, field: str, prefix: str = "") -> FieldError:
     return FieldError([(field, prefix + message) for _, message in exc.errors])
 
 
-def _pydantic_message(exc: ValidationError) -> str:
-    return "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())
-
-
 def inspect_checkpoint(path: str) -> CheckpointFacts:
-    """The checkpoint folder ``path`` is absolute and exists, its config.json is a
-    supported family, its tokenizer loads, and every safetensors header is intact
-    with the shapes config.json gives (``weights_check``; the weights are not read)."""
-    # The checkpoint readers import torch: loaded on the first registration, not at startup.
+    """The checkpoint folder ``path`` is absolute and exists, and loads:
+    ``trainer.hf.validate.validate_checkpoint`` reads config.json, every
+    safetensors header (never the weights) against the shapes config.json
+    implies, and the tokenizer; each problem is an error on ``path`` naming the file."""
     from trainer.hf.families import model_fields_from_hf
-    from trainer.hf.loader import read_hf_config
+    from trainer.hf.files import read_hf_config
     from trainer.hf.tokenizer import CheckpointTokenizer
+    from trainer.hf.validate import validate_checkpoint
 
     folder = Path(path)
     if not folder.is_absolute():
@@ -60,43 +54,25 @@ def inspect_checkpoint(path: str) -> CheckpointFacts:
     if not folder.is_dir():
         raise FieldError([("path", f"{folder} is not a folder on this machine")])
     try:
-        fields = model_fields_from_hf(read_hf_config(folder))
-    except FieldError as exc:
-        raise _as_field(exc, "path") from None
-    except UnicodeDecodeError as exc:
-        raise FieldError([("path", f"config.json is not UTF-8 text ({exc.reason})")]) from None
-    if not any(folder.glob("*.safetensors")):
-        raise FieldError([("path", f"{folder} holds no *.safetensors weights")])
-    if not (folder / "tokenizer.json").is_file():
-        raise FieldError([("path", f"{folder} has no tokenizer.json; runs encode with it")])
-    try:
-        tokenizer = CheckpointTokenizer(folder)
-    except FieldError as exc:
-        raise _as_field(exc, "path", "tokenizer: ") from None
-    except Exception as exc:  # the tokenizers library raises its own kinds for a bad file
-        raise FieldError([("path", f"tokenizer.json does not load: {exc}")]) from None
-    shape = {name: fields[name] for name in SHAPE_FIELDS}
-    try:
-        model = ModelConfig.model_validate(shape | {"source": str(folder)})
-    except ValidationError as exc:  # e.g. top_k above the expert count
-        raise FieldError([("path", f"config.json: {_pydantic_message(exc)}")]) from None
-    vocab = model.vocab_size or tokenizer.vocab_size
-    check_weights(folder, model, vocab, "path")
-    if tokenizer.vocab_size > vocab:
+        errors = validate_checkpoint(folder, field="path", tokenizer=True)
+    except UnicodeDecodeError as exc:  # a config.json or index that is not UTF-8 text
         raise FieldError(
-            [
-                (
-                    "path",
-                    f"tokenizer.json has {tokenizer.vocab_size} tokens but the embedding {vocab}",
-                )
-            ]
-        )
+            [("path", f"a JSON file of the folder is not UTF-8 ({exc.reason})")]
+        ) from None
+    if errors:
+        raise FieldError(errors)
+    # Valid now: the facts the registry stores.
+    fields = model_fields_from_hf(read_hf_config(folder))
+    shape = {name: fields[name] for name in SHAPE_FIELDS}
+    model = ModelConfig.model_validate(shape | {"source": str(folder)})
+    tokens = CheckpointTokenizer(folder).vocab_size
+    vocab = model.vocab_size or tokens
     return CheckpointFacts(
         family=model.family,
         model_fields=shape,
         total_params=model_params(model, vocab),
         active_params=model_params(model, vocab, active=True),
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=tokens,
     )
 
 
