@@ -37,9 +37,12 @@ def _steps(stack, run_id: int) -> list[int]:
 def test_worker_registers_its_queue_in_health(lab_stack):
     lab_stack.start_worker("w1")
     health = lab_stack.wait_for(
-        lambda: (h := lab_stack.get("/api/health"))["workers"] and h, 90, "worker registration"
+        lambda: (h := lab_stack.request("GET", "/api/health")[1])["workers"] and h,
+        90,
+        "worker registration",
     )
     assert health["db"]["ok"] and health["broker"]["ok"]
+    assert health["status"] == "unavailable" and not health["reconciler"]["ok"]  # none started
     assert lab_stack.queue in health["queues"]
     assert health["workers"][0]["hostname"] == "w1@e2e"
 
@@ -125,11 +128,13 @@ def test_worker_shutdown_gives_the_run_back_and_it_resumes(lab_stack):
     lab_stack.wait_for(lambda: lab_stack.run(run["id"])["current_step"] >= 3, 240, "step 3")
     lab_stack.kill("w1", signal.SIGTERM)
     back = lab_stack.run(run["id"])
-    assert back["status"] == "queued" and back["attempts"] == 0, back
+    # not spent: the allowance grows; the attempt number (the fencing token) never repeats
+    assert back["status"] == "queued" and back["attempts"] == 1, back
+    assert back["max_attempts"] == 4, back
     lab_stack.start_worker("w2")
     done = lab_stack.wait_status(run["id"], {"succeeded", "failed"}, timeout=400)
     assert done["status"] == "succeeded", done["error"]
-    assert done["attempts"] == 1
+    assert done["attempts"] == 2
     steps = _steps(lab_stack, run["id"])
     assert steps == sorted(set(steps)) and len(steps) == total
 
@@ -246,7 +251,9 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def test_frozen_worker_and_trainer_never_share_the_folder_with_the_next_attempt(lab_stack):
+def test_frozen_worker_and_trainer_never_share_the_folder_with_the_next_attempt(
+    lab_stack,
+):
     """SIGSTOP the worker and its trainer: the next attempt waits for the folder
     lock; thawed, the old trainer finds its lease expired and exits without
     writing, and the new one trains alone."""

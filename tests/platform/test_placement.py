@@ -140,8 +140,12 @@ def test_a_gang_waits_for_enough_live_workers(user, experiment, queue):
     claim = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks=1)
     assert not gang.lead(claim.run_id, claim.attempt, f"a-{queue}")
     run.refresh_from_db()
-    # Undone, not spent: back in the queue for the reconciler's next wake-up.
-    assert (run.status, run.attempts, run.published_at) == ("queued", 0, None)
+    # Undone, not spent: back in the queue for the reconciler's next wake-up. The
+    # allowance grows instead of the attempt number going back: the next claim
+    # takes attempt 2, so every claim has its own fencing token.
+    assert (run.status, run.attempts, run.max_attempts, run.published_at) == ("queued", 1, 4, None)
+    again = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks=1)
+    assert again.attempt == 2
 
 
 def test_gang_lead_join_and_release(user, experiment, queue, django_capture_on_commit_callbacks):

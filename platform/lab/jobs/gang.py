@@ -68,8 +68,8 @@ def lead(run_id: int, attempt: int, worker_host: str) -> bool:
     """Node 0 of a fresh attempt: record the gang and the rendezvous endpoint,
     wake ``nodes - 1`` more workers. False when the attempt is no longer current,
     or when fewer live workers than nodes could ever join (the claim is then
-    undone without spending the attempt, and the reconciler re-sends the
-    wake-up later)."""
+    undone without spending the attempt: the allowance grows by one, and the
+    reconciler re-sends the wake-up later)."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.status != RunStatus.RUNNING or run.attempts != attempt:
@@ -77,7 +77,7 @@ def lead(run_id: int, attempt: int, worker_host: str) -> bool:
         if fitting_live_workers(run) < run.nodes:
             Run.objects.filter(pk=run_id, attempts=attempt).update(
                 status=RunStatus.QUEUED,
-                attempts=F("attempts") - 1,
+                max_attempts=F("max_attempts") + 1,  # not spent: the fencing token stays unique
                 worker_host="",
                 published_at=None,  # the reconciler's next pass re-sends its wake-up
                 error=f"needs {run.nodes} workers at once; fewer are live",

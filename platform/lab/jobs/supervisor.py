@@ -34,6 +34,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from lab.assets.roots import check_config_paths
 from lab.jobs import capacity, gang
 from lab.jobs import services as job_services
 from lab.jobs.childproc import kill_group, tied_to_this_process
@@ -45,7 +46,7 @@ from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_met
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunStatus
 from trainer.checkpoint import checkpoint_path
-from trainer.errors import BAD_INPUT_EXIT_CODE
+from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.run_files import (
     CONFIG_FILE,
     EXIT_CODE_FILE,
@@ -206,6 +207,15 @@ def _supervise(claim: job_services.Claim) -> str:
     run = Run.objects.get(pk=claim.run_id)
     run_dir = Path(run.run_dir)
     sup = Supervision(claim=claim, run_dir=run_dir, tail=MetricsTail(run_dir / METRICS_FILE))
+    try:
+        # The files the trainer will open, checked again where it runs: the roots
+        # may differ from the web server's, and a stored config predates them.
+        check_config_paths(run.config or {})
+    except FieldError as exc:
+        error = f"invalid config: {exc} (run folder {run_dir})"
+        log.error("run %s attempt %s: %s", claim.run_id, claim.attempt, error)
+        job_services.finish_run(claim, status=RunStatus.FAILED, summary=None, error=error)
+        return RunStatus.FAILED
     if run.nodes > 1 and not sup.member:
         sup.gang_deadline = time.monotonic() + settings.LAB_GANG_TIMEOUT_S
     # A member finds the folder held by its own gang's leader: it never waits on it.
@@ -548,7 +558,11 @@ def outcome(
         error = "" if status != RunStatus.FAILED else _log_tail(log_path)
         return status, summary, error
     if returncode == BAD_INPUT_EXIT_CODE:
-        return RunStatus.FAILED, summary, "invalid config:\n" + _log_tail(log_path)
+        return (
+            RunStatus.FAILED,
+            summary,
+            f"invalid config ({run_dir / CONFIG_FILE}; log {log_path}):\n" + _log_tail(log_path),
+        )
     if cancelled:
         return RunStatus.CANCELLED, summary, ""
     if returncode == 0:
@@ -556,13 +570,17 @@ def outcome(
     return (
         RunStatus.FAILED,
         summary,
-        f"trainer exited with code {returncode}\n{_log_tail(log_path)}",
+        f"trainer exited with code {returncode} (log {log_path})\n{_log_tail(log_path)}",
     )
 
 
 def _give_back(claim: job_services.Claim, sup: Supervision) -> None:
     """The worker is shutting down: put the run back in the queue without
-    spending an attempt; the next worker resumes from the checkpoint just written."""
+    spending an attempt; the next worker resumes from the checkpoint just written.
+
+    ``attempts`` is the fencing token and never goes back (a late write of this
+    attempt must stay fenced out once the next claim takes ``attempts + 1``):
+    the allowance grows by one instead."""
     run = Run.objects.get(pk=claim.run_id)
     task_id = new_task_id()
     with transaction.atomic():
@@ -570,7 +588,7 @@ def _give_back(claim: job_services.Claim, sup: Supervision) -> None:
             pk=claim.run_id, status=RunStatus.RUNNING, attempts=claim.attempt
         ).update(
             status=RunStatus.QUEUED,
-            attempts=F("attempts") - 1,
+            max_attempts=F("max_attempts") + 1,
             task_id=task_id,
             worker_host="",
             published_at=timezone.now(),
