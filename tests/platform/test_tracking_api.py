@@ -71,6 +71,7 @@ def _series(run_id, keys):
     return metric_series_many([int(run_id)], keys)[int(run_id)]
 
 
+@pytest.mark.slow
 def test_experiment_and_run_round_trip(ml, exp_id, user):
     assert ml.ok("GET", "experiments/get", {"experiment_id": exp_id})["experiment"]["name"] == "ext"
     by_name = ml.ok("GET", "experiments/get-by-name", {"experiment_name": "ext"})
@@ -309,3 +310,22 @@ def test_arbitrary_bodies_never_get_a_500(db, user, body):
         assert code < 500, (route, body, data)
         if code != 200:
             assert data["error_code"] and data["message"]
+
+
+def test_the_run_page_says_where_an_external_run_came_from(ml, exp_id, user):
+    run_id = ml.run(exp_id, "verl-seed0", {"lab.host": "gpu-node-7"})
+    ml.ok(
+        "POST",
+        "runs/log-batch",
+        {"run_id": run_id, "metrics": [_metric("rollout_corr/kl", 0.01, 0)]},
+    )
+    ml.ok("POST", "runs/update", {"run_id": run_id, "status": "FAILED"})
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/runs/{run_id}/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "Trained elsewhere" in html and "framework verl" in html and "host gpu-node-7" in html
+    for hidden in ("Cancel run", "Requeue", "Clone with changes", "Export as a Hugging Face"):
+        assert hidden not in html, hidden
+    assert "Delete run" in html  # the owner may still delete it
