@@ -19,10 +19,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import string
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainer.algorithms.registry import ALGORITHMS, Algorithm
 from trainer.config_migration import migrate
@@ -403,6 +404,38 @@ class TextTaskConfig(TaskBase):
         description="python: import path 'package.module:function' of "
         "fn(response: str, answer: str) -> float in [0, 1] (1 = correct).",
     )
+    max_prompt_chars: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Rows whose prompt is longer (in characters) are skipped and counted, "
+        "as verl's filter_overlong_prompts; empty = keep every row (a prompt too long for "
+        "model.max_seq_len is then a config error).",
+    )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _plain_fields_only(cls, value: str | None) -> str | None:
+        """Only plain ``{field}`` replacements: a format spec (``{q:>10000000}``), a
+        conversion or an attribute/index lookup would let a template cost memory
+        and time unrelated to the data (or reach into objects)."""
+        if value is None:
+            return value
+        try:
+            parts = list(string.Formatter().parse(value))
+        except ValueError as exc:
+            raise ValueError(f"not a format string: {exc}") from None
+        for _, name, spec, conversion in parts:
+            if name is None:
+                continue
+            if spec or conversion:
+                raise ValueError(
+                    f"{{{name}...}}: format specs and conversions are not allowed; "
+                    "use plain {field} names"
+                )
+            if not name or not name.isidentifier():
+                raise ValueError(f"{{{name}}}: use plain {{field}} names (no indexes, no dots)")
+        return value
 
     @model_validator(mode="after")
     def _check_verifier(self) -> TextTaskConfig:

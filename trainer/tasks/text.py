@@ -32,7 +32,7 @@ from trainer.errors import FieldError
 from trainer.tasks.base import Problem, Task
 from trainer.tasks.byte_tokenizer import ByteTokenizer
 from trainer.tasks.holdout import HeldOutSplit
-from trainer.tasks.text_data import ProblemTable, build_problems, read_rows, resolve_data_file
+from trainer.tasks.text_data import ProblemTable, build_problems, read_table, resolve_data_file
 from trainer.tasks.verifiers import make_verifier
 
 
@@ -52,10 +52,10 @@ class TextTask(Task):
     # ----------------------------------------------------------- data
     def _load(self, value: str, path: str) -> ProblemTable:
         table = build_problems(
-            read_rows(resolve_data_file(value, path), path), self.cfg, self.verifier
+            read_table(resolve_data_file(value, path), path), self.cfg, self.verifier
         )
         if len(table.problems) < 2:
-            reasons = ", ".join(f"{n} x {why}" for why, n in table.bad_rows.most_common(3))
+            reasons = table.describe_bad()
             raise FieldError(
                 [
                     (
@@ -88,6 +88,7 @@ class TextTask(Task):
                     "problems": len(table.problems),
                     "bad_rows": table.n_bad,
                     "bad_row_reasons": dict(table.bad_rows.most_common()),
+                    "bad_row_lines": {why: lines for why, lines in table.bad_lines.items()},
                 }
         return report
 

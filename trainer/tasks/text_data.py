@@ -12,6 +12,7 @@ does not exist or does not parse is a field error.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from trainer.tasks.verifiers import GSM8K_MARKER, BadRow, NumericVerifier, Verif
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "task_data"
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+MAX_LINES_PER_REASON = 5  # line numbers kept per skip reason (the count is exact)
 
 
 def resolve_data_file(value: str, path: str) -> Path:
@@ -61,9 +63,24 @@ def resolve_data_file(value: str, path: str) -> Path:
     return candidate
 
 
-def read_rows(file: Path, path: str) -> list[dict[str, Any]]:
-    """Every row of ``file`` as a dict (the ``datasets`` library; a private cache
-    folder so concurrent runs never share or keep Arrow caches)."""
+@dataclass
+class RowsRead:
+    """A data file's rows, the line (JSON lines: 1-based) or row number (others:
+    0-based index) of each, and the lines that could not be read at all."""
+
+    rows: list[dict[str, Any]]
+    lines: list[int]
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason)
+
+
+def read_table(file: Path, path: str) -> RowsRead:
+    """Every row of ``file``. JSON lines are read line by line here: a line that is
+    not UTF-8, not JSON or not an object is skipped and recorded with its line
+    number, never the end of the file. JSON and Parquet go through the
+    ``datasets`` library (a private cache folder so concurrent runs never share
+    or keep Arrow caches); a file that does not parse is a field error."""
+    if file.suffix.lower() == ".jsonl":
+        return _read_jsonl(file, path)
     import datasets
 
     datasets.disable_progress_bars()
@@ -78,7 +95,41 @@ def read_rows(file: Path, path: str) -> list[dict[str, Any]]:
             raise FieldError(
                 [(path, f"{file} does not parse as {builder}: {type(cause).__name__}: {cause}")]
             ) from None
-        return table.to_list()
+        rows = table.to_list()
+    return RowsRead(rows=rows, lines=list(range(len(rows))))
+
+
+def _read_jsonl(file: Path, path: str) -> RowsRead:
+    out = RowsRead(rows=[], lines=[])
+    try:
+        handle = file.open("rb")
+    except OSError as exc:
+        raise FieldError([(path, f"{file} cannot be read: {exc.strerror or exc}")]) from None
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                out.skipped.append((number, f"not UTF-8 (byte {exc.start})"))
+                continue
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                out.skipped.append((number, f"not valid JSON ({exc.msg})"))
+                continue
+            if not isinstance(row, dict):
+                out.skipped.append((number, "not a JSON object"))
+                continue
+            out.rows.append(row)
+            out.lines.append(number)
+    return out
+
+
+def read_rows(file: Path, path: str) -> list[dict[str, Any]]:
+    """Every readable row of ``file`` as a dict (``read_table``)."""
+    return read_table(file, path).rows
 
 
 @dataclass
@@ -88,10 +139,26 @@ class ProblemTable:
     problems: list[Problem] = field(default_factory=list)
     rows: int = 0
     bad_rows: Counter[str] = field(default_factory=Counter)  # reason -> count
+    # reason -> the first line numbers (JSON lines: 1-based) of rows skipped for it
+    bad_lines: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def n_bad(self) -> int:
         return sum(self.bad_rows.values())
+
+    def skip(self, reason: str, line: int) -> None:
+        self.bad_rows[reason] += 1
+        lines = self.bad_lines.setdefault(reason, [])
+        if len(lines) < MAX_LINES_PER_REASON:
+            lines.append(line)
+
+    def describe_bad(self, most: int = 3) -> str:
+        """'2 x not valid JSON (lines 4, 9), ...' for the most common reasons."""
+        return ", ".join(
+            f"{n} x {why} (line{'s' if n > 1 else ''} "
+            f"{', '.join(map(str, self.bad_lines.get(why, [])))}{', ...' if n > MAX_LINES_PER_REASON else ''})"
+            for why, n in self.bad_rows.most_common(most)
+        )
 
 
 def prompt_text(row: dict[str, Any], cfg: TextTaskConfig) -> str:
@@ -127,18 +194,25 @@ def target_text(raw: Any, gold: str, verifier: Verifier) -> str:
 
 
 def build_problems(
-    rows: list[dict[str, Any]], cfg: TextTaskConfig, verifier: Verifier
+    rows: list[dict[str, Any]] | RowsRead, cfg: TextTaskConfig, verifier: Verifier
 ) -> ProblemTable:
-    table = ProblemTable(rows=len(rows))
-    for row in rows:
+    """The usable problems of ``rows``; every other row is skipped and counted by
+    reason with its line number (``ProblemTable.bad_lines``)."""
+    read = rows if isinstance(rows, RowsRead) else RowsRead(list(rows), list(range(len(rows))))
+    table = ProblemTable(rows=len(read.rows) + len(read.skipped))
+    for line, reason in read.skipped:
+        table.skip(reason, line)
+    for line, row in zip(read.lines, read.rows, strict=True):
         try:
             prompt = prompt_text(row, cfg)
+            if cfg.max_prompt_chars is not None and len(prompt) > cfg.max_prompt_chars:
+                raise BadRow(f"prompt longer than max_prompt_chars={cfg.max_prompt_chars}")
             raw = row.get(cfg.answer_field)
             if raw is None:
                 raise BadRow(f"answer field {cfg.answer_field!r} is missing")
             gold = verifier.gold(raw)
         except BadRow as exc:
-            table.bad_rows[str(exc)] += 1
+            table.skip(str(exc), line)
             continue
         table.problems.append(
             Problem(prompt=prompt, answer=gold, target=target_text(raw, gold, verifier))
