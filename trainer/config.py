@@ -842,6 +842,19 @@ class RunConfig(Section):
         "auto", description="auto picks CUDA when present."
     )
     threads: int = Field(0, ge=0, le=1024, description="CPU threads; 0 = torch default.")
+    deterministic: bool = Field(
+        False,
+        description="Deterministic kernels: torch.use_deterministic_algorithms (an op without "
+        "a deterministic kernel is an error), CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA, cuDNN "
+        "benchmark off; the same seed then gives the same run on the same hardware. Costs "
+        "speed on GPUs; summary.json records the mode (docs/gpu.md).",
+    )
+    tf32: bool = Field(
+        False,
+        description="Allow TF32 matmuls and convolutions on CUDA (Ampere and later): faster "
+        "fp32 GEMMs with a 10-bit mantissa, which changes the numerics of an fp32 run. Off, "
+        "the run checks that TF32 is off before it starts.",
+    )
     gpus: int = Field(
         1,
         ge=1,

@@ -56,6 +56,7 @@ from trainer.checkpoint import (
 from trainer.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
 from trainer.data import collate_prompts, decode_responses, repeat_for_groups
+from trainer.devices.run_mode import device_record, numerics_mode, phase_clock
 from trainer.distributed import (
     SINGLE,
     DistContext,
@@ -76,6 +77,7 @@ from trainer.model.expert_parallel import expert_shards, slice_expert_shards
 from trainer.precision import cast_parameters
 from trainer.progress import Progress
 from trainer.rollout import RolloutEngine
+from trainer.rollout.numerics import Numerics
 from trainer.rollout.router_noise import build_router_noise
 from trainer.rollout_data import RolloutData
 from trainer.run_files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
@@ -182,14 +184,14 @@ class RunContext:
         (metric ``time/weight_sync_s``). Under FSDP the shards are all-gathered first;
         under expert parallelism the engine keeps this rank's experts and exchanges
         rows with the group, as the training layers do (no gather)."""
-        t0 = time.perf_counter()
+        t0 = phase_clock(self.device)
         if self.dist.ep:
             if self.engine.expert_shard is None:  # the layout is fixed for the run
                 self.engine.expert_shard = next(iter(expert_shards(self.policy).values()))
             self.engine.load_weights(rank_state_dict(self.policy, self.dist))
         else:
             self.engine.load_weights(full_state_dict(self.policy, self.dist))
-        return time.perf_counter() - t0
+        return phase_clock(self.device) - t0
 
     def evaluate(self) -> float:
         """Held-out greedy accuracy through the rollout engine (the same way every time).
@@ -282,7 +284,8 @@ def train(
         inv.stop.install()
         finished = False
         try:
-            summary = _train(inv)
+            with numerics_mode(cfg, rank_device(resolve_device(cfg.run.device), dist)):
+                summary = _train(inv)
             finished = True
             return summary
         finally:
@@ -504,7 +507,8 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
 def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     """One RL step (1-5 of the module docstring); returns its metrics (plus ``_finite``)."""
     cfg, task, device, dist = ctx.cfg, ctx.task, ctx.device, ctx.dist
-    t0 = time.perf_counter()
+    # Phase boundaries wait for the device on CUDA: time/* is the device's work.
+    t0 = phase_clock(device)
     tok = task.tokenizer
 
     # 1. rollout: the engine gets this step's weights, as vLLM gets a weight sync.
@@ -527,7 +531,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
         generator=ctx.generators["sample"],
         use_kv_cache=cfg.rollout.kv_cache,
     )
-    t_rollout = time.perf_counter()
+    t_rollout = phase_clock(device)
 
     # 2. score: verifiable rewards.
     texts = decode_responses(rollout.tokens, rollout.response_mask, tok)
@@ -544,7 +548,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     stabilizers = ctx.updater.stabilizers
     metrics = stabilizers.begin_step(step, data)
     metrics.update(measure_batch(cfg, ctx.policy, ctx.updater, data))
-    t_measure = time.perf_counter()
+    t_measure = phase_clock(device)
 
     # 4-5. advantages and the off-policy update, then the routing controllers
     #      (aux-free bias, router-anchor buffer, temperature) act on the step's loads.
@@ -552,7 +556,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
     metrics.update(ctx.updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
     stabilizers.end_step(step)
-    t_train = time.perf_counter()
+    t_train = phase_clock(device)
 
     # Sums and counts over every rank's samples (a rank's mean weighs its rows).
     rows = float(len(problems))
@@ -609,6 +613,7 @@ SAMPLE_SEED_STRIDE = 1_000_003
 
 def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall: float):
     evals = [acc for _, acc in state.eval_history]
+    device = resolve_device(cfg.run.device)
     return {
         "status": status,
         "collapsed": collapse.collapsed,
@@ -622,6 +627,8 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
         "steps": state.step,
         "total_steps": cfg.run.steps,
         "wall_time_s": round(wall, 3),
+        # Device, capability, numerics mode and MoE backends the run used (docs/gpu.md).
+        "device": device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
     }
 
 
