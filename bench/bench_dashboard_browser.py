@@ -7,11 +7,11 @@ claim_run and finish_run, which keeps each finished run's metrics as
 columns); then:
 
 * server time for the chart data: the requests the page makes for its ten
-  metric charts (/dashboard/compare/charts: the first chart alone, then the
+  metric charts (/compare/charts: the first chart alone, then the
   other nine in one request, each one metric read) through Django's test
   client in this process, one after another, summed; median over repeats
   (target < 300 ms). For reference also the ten single-chart requests
-  (/dashboard/compare/chart, what a zoom or a download asks for), and both
+  (/compare/chart, what a zoom or a download asks for), and both
   again with the runs as they are while training (status running, the
   chunks of steps they have moved past sealed into columns, the tail read
   from rows) and with no columns at all (step rows only, as runs finished
@@ -165,7 +165,7 @@ def chart_urls(run_ids: list[int], metrics: tuple[str, ...], max_points: int) ->
 
     runs = ",".join(map(str, run_ids))
     return [
-        f"/dashboard/compare/chart?{urlencode({'runs': runs, 'key': k, 'max_points': max_points})}"
+        f"/compare/chart?{urlencode({'runs': runs, 'key': k, 'max_points': max_points})}"
         for k in metrics
     ]
 
@@ -178,7 +178,7 @@ def group_urls(run_ids: list[int], metrics: tuple[str, ...], max_points: int) ->
     runs = ",".join(map(str, run_ids))
     parts = [metrics[:1], metrics[1:]] if len(metrics) > 1 else [metrics]
     return [
-        "/dashboard/compare/charts?"
+        "/compare/charts?"
         + urlencode({"runs": runs, "keys": ",".join(keys), "max_points": max_points})
         for keys in parts
     ]
@@ -294,7 +294,7 @@ def browser_side(base: str, run_ids: list[int], repeat: int) -> dict[str, dict]:
     """Time to the first chart drawn and to every chart drawn, per mode (fresh contexts)."""
     from tests.e2e.browser_harness import launch_chromium
 
-    page_url = f"{base}/dashboard/compare/?runs={','.join(map(str, run_ids))}"
+    page_url = f"{base}/compare/?runs={','.join(map(str, run_ids))}"
     modes = {"downsampled": DOWNSAMPLED, "full": FULL}
     samples: dict[str, dict[str, list[float]]] = {
         m: {"first_chart_s": [], "all_charts_s": []} for m in modes
@@ -318,7 +318,7 @@ def browser_side(base: str, run_ids: list[int], repeat: int) -> dict[str, dict]:
 
                 # Same interception in both modes, so both pay its (small) cost.
                 context.route(
-                    re.compile(r"/dashboard/(compare/charts?|runs/\d+/heatmap)\?"),
+                    re.compile(r"/(compare/charts?|runs/\d+/heatmap)\?"),
                     _max_points_rewriter(max_points),
                 )
                 page = context.new_page()

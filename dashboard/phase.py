@@ -39,3 +39,14 @@ def phase_line(run: Run) -> str:
     if run.status == RunStatus.RUNNING:
         return "starting the trainer"
     return ""
+
+
+def progress_bar(run: Run) -> tuple[int, int]:
+    """(value, max) of the run page's progress bar: the SFT steps of the warm start
+    while it runs (RL step 0 has not come yet), else the RL steps."""
+    progress = run.phase_progress or {}
+    if run.phase == mk.PHASE_WARMSTART and run.status == RunStatus.RUNNING:
+        limit = progress.get(mk.WARMSTART_MAX_STEPS)
+        if isinstance(limit, int) and limit > 0:
+            return min(int(progress.get(mk.WARMSTART_STEP) or 0), limit), limit
+    return run.current_step, run.total_steps

@@ -127,7 +127,7 @@ def collapse_marker(run: Run) -> CollapseMarker | None:
 
 
 def run_outcome(run: Run, last_step: int | None) -> RunOutcome | None:
-    """Collapse step, or censoring at the last stored step (docs/design.md, section 3.5). None for a
+    """Collapse step, or censoring at the last stored step (docs/design.md, section 3.6). None for a
     run with nothing to say yet (no summary and no stored step)."""
     summary = dict(run.summary or {})
     if summary.get("collapsed") and summary.get("collapse_step") is not None:

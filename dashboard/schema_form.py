@@ -18,7 +18,7 @@ experiment's base), and ``changes`` lists those differences for the page's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lab.api import json_input
@@ -221,10 +221,12 @@ def build_sections(schema: dict[str, Any] | None = None) -> list[FormSection]:
 
 
 def with_key_section(sections: list[FormSection]) -> list[FormSection]:
-    """``sections`` with the KEY_FIELDS moved out of them into a first section."""
+    """``sections`` with the KEY_FIELDS moved out of them into a first section,
+    labelled by their dotted path: out of their section, "mode" or "enabled"
+    alone would not say which ("stabilizers.replay.mode")."""
     by_path = {f.path: f for f in iter_fields(sections)}
     key = FormSection(path=KEY_SECTION, title="Key settings")
-    key.fields = [by_path[p] for p in KEY_FIELDS if p in by_path]
+    key.fields = [replace(by_path[p], label=p) for p in KEY_FIELDS if p in by_path]
     moved = {f.path for f in key.fields}
 
     def prune(section: FormSection) -> None:

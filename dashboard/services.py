@@ -1,4 +1,6 @@
-"""Every write of the team review (pages call these; one transaction each).
+"""Every write of the team review (pages call these; one transaction each):
+verdicts, saved comparisons, pinned baselines and comments. A comment's body
+follows one rule, ``lab.runs.comments.clean_body``, wherever it is stored.
 
 Who may do what (lab.experiments.rights, the table in docs/platform.md):
 anyone logged in views, comments and saves comparisons; an experiment's owner,
@@ -27,14 +29,7 @@ from lab.runs import comments
 from lab.runs.models import Comment, Run
 from trainer.errors import FieldError
 
-MAX_COMMENT_CHARS = 10000
 MAX_COMPARED_RUNS = 100
-
-
-def _clean_body(body: str) -> str:
-    if not isinstance(body, str) or not body.strip():
-        raise FieldError([("body", "a comment cannot be empty")])
-    return clean_text("body", body, max_length=MAX_COMMENT_CHARS, multiline=True, label="a comment")
 
 
 def comment_on_run(*, author, run: Run, body: str) -> Comment:
@@ -49,7 +44,7 @@ def comment_on_experiment(*, author, experiment: Experiment, body: str) -> Comme
 
 def comment_on_comparison(*, author, comparison: SavedComparison, body: str) -> ComparisonComment:
     return ComparisonComment.objects.create(
-        comparison=comparison, author=author, body=_clean_body(body)
+        comparison=comparison, author=author, body=comments.clean_body(body)
     )
 
 

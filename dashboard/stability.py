@@ -1,6 +1,6 @@
 """The stability review table: one row per variant, aggregated over its seeds.
 
-Columns (docs/design.md, dashboards): training-inference KL (mismatch/kl_k3,
+Columns (docs/design.md, "dashboards"): training-inference KL (mismatch/kl_k3,
 mean over the run, shown in the registry's unit, ×1e-3), routing inconsistency %, extreme-token %,
 collapse step (mean over seeds, ">= N" when any seed is censored, see
 dashboard/survival.py), final accuracy. Every number is first a per-run mean,

@@ -40,11 +40,20 @@ def _times_events(row: StabilityRow) -> tuple[list[int], list[bool]]:
     return [s.outcome.step for s in row.seeds], [s.outcome.collapsed for s in row.seeds]
 
 
-def reference_of(rows: Sequence[StabilityRow]) -> str | None:
-    names = [r.variant for r in rows]
+def reference_of(rows: Sequence[StabilityRow], chosen: str | None = None) -> str | None:
+    """The variant the log-rank tests compare against, whatever order the runs were
+    picked in: the one the user chose, else ``moe-grpo``, else the no-gap arm of a
+    dose axis (``...-fp32``), else the first variant by name."""
+    names = sorted(r.variant for r in rows)
     if not names:
         return None
-    return REFERENCE_VARIANT if REFERENCE_VARIANT in names else names[0]
+    if chosen in names:
+        return chosen
+    if REFERENCE_VARIANT in names:
+        return REFERENCE_VARIANT
+    dosed = [(DOSE_LEVELS.index(parts[1]), name) for name in names
+             if (parts := split_dose_name(name)) is not None]  # fmt: skip
+    return min(dosed)[1] if dosed else names[0]
 
 
 def _median_label(times: list[int], events: list[bool]) -> str:
@@ -64,9 +73,10 @@ def _ci_label(values: list[float], scale: float, digits: int) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def survival_rows(rows: Sequence[StabilityRow]) -> list[SurvivalRow]:
-    """Per variant: collapsed/seeds, median [95% CI], log-rank p vs the reference, KL CI."""
-    reference = reference_of(rows)
+def survival_rows(rows: Sequence[StabilityRow], chosen: str | None = None) -> list[SurvivalRow]:
+    """Per variant: collapsed/seeds, median [95% CI], log-rank p vs the reference
+    (``reference_of(rows, chosen)``), KL CI."""
+    reference = reference_of(rows, chosen)
     ref = next((r for r in rows if r.variant == reference), None)
     ref_t, ref_e = _times_events(ref) if ref is not None else ([], [])
     out = []

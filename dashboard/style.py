@@ -75,6 +75,10 @@ def metric_axis(key: str) -> dict[str, Any]:
         axis |= {"tickformat": spec.axis_format, "rangemode": "nonnegative"}
     if spec.log_scale:
         axis["type"] = "log"
+    elif spec.scale != 1.0:
+        # A scaled metric's title names the scale (×1e-3); ticks in plain decimals
+        # ("0.0004"), never a second exponent ("4e-4") that reads as another scale.
+        axis["tickformat"] = "~r"
     return axis
 
 
@@ -93,6 +97,22 @@ def share_tickformat(values: Iterable[Any]) -> str:
         return ".0%"
     decimals = max(0, math.ceil(-math.log10(step_pct)))
     return f".{min(decimals, 4)}%"
+
+
+def constant_range(values: Iterable[Any], *, share: bool) -> list[float] | None:
+    """An explicit y range when every finite value is the same, else None (autorange).
+
+    Plotly pads a flat line by the value itself (a constant 100% accuracy gets
+    an axis to 200%): a share keeps its natural [0, 100%]; any other metric gets
+    10% of its value either side (or +-1 around 0)."""
+    finite = [v for arr in values for v in np.ravel(np.asarray(arr, dtype=float)) if np.isfinite(v)]
+    if not finite or max(finite) != min(finite):
+        return None
+    value = finite[0]
+    if share and 0.0 <= value <= 1.0:
+        return [0.0, 1.0]
+    pad = abs(value) * 0.1 or 1.0
+    return [value - pad, value + pad]
 
 
 def hover_format(key: str) -> str:
@@ -122,6 +142,13 @@ def assign_colors(
             continue
         colors[label] = free.pop(0) if free else stable_color(label)
     return colors
+
+
+def variant_colors(variants: Iterable[str]) -> dict[str, str]:
+    """Colours of variants by name order, not by the order a page meets them: the
+    experiment page, its sweep pages and its stability review give a variant the
+    same colour."""
+    return assign_colors(sorted(set(variants)))
 
 
 def color_of(label: str, colors: Mapping[str, str] | None) -> str:
@@ -161,7 +188,8 @@ def base_layout(
         "template": LAB_TEMPLATE,
         "title": {"text": title, "x": 0.01, "xanchor": "left"},
         "xaxis": {"title": {"text": x_title}},
-        "yaxis": {"title": {"text": y_title}},
+        # automargin: long tick labels (KL's e-notation) push the title out, not into them
+        "yaxis": {"title": {"text": y_title}, "automargin": True},
         "hovermode": hovermode,
         "uirevision": uirevision,
         # Below the plot: long run names wrap there instead of covering the title.

@@ -1,4 +1,4 @@
-"""Collapse across seeds with censoring (docs/design.md, section 3.5).
+"""Collapse across seeds with censoring (docs/design.md, section 3.6).
 
 A run that never collapsed did not "collapse at its last step": we only know
 it survived at least that long. It is *right-censored* at its last step.

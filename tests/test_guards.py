@@ -36,3 +36,77 @@ def test_trainer_never_imports_django():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# --- docs/design.md stays true: every pointer into it resolves, every path it names exists
+
+DESIGN = ROOT / "docs" / "design.md"
+POINTER_SOURCES = ("trainer", "platform", "dashboard", "tests", "bench", "scripts", "docs")
+ROOT_FILES = ("README.md", "DEVELOPERS.md", "docker-compose.yml", "Dockerfile", "Makefile")
+
+
+def _design_headings() -> list[tuple[str, str, int]]:
+    """(number, title, level) of every heading of docs/design.md."""
+    import re
+
+    found = []
+    for line in DESIGN.read_text().splitlines():
+        match = re.match(r"^(#{2,3}) (\d+(?:\.\d+)?)\.? (.+)$", line)
+        if match:
+            found.append((match.group(2), match.group(3).strip(), len(match.group(1))))
+    return found
+
+
+def _design_pointers() -> list[tuple[str, str]]:
+    """(file, the text after each "design.md"), line breaks and comment marks flattened."""
+    import re
+
+    files = [p for folder in POINTER_SOURCES for p in (ROOT / folder).rglob("*")
+             if p.suffix in (".py", ".md", ".html", ".js", ".yml") and p != DESIGN
+             and ".venv" not in p.parts]  # fmt: skip
+    files += [ROOT / name for name in ROOT_FILES if (ROOT / name).exists()]
+    pointers = []
+    for path in files:
+        text = re.sub(r"\s*\n\s*(?:#+\s*|\*\s*|//\s*)?", " ", path.read_text(errors="replace"))
+        for match in re.finditer(r"design\.md", text):
+            pointers.append((str(path.relative_to(ROOT)), text[match.end() : match.end() + 80]))
+    return pointers
+
+
+def test_every_pointer_into_design_md_resolves():
+    """A section number must be a heading's; a quoted name ("data flow", or
+    "contracts: CLI" for a section and its subsection) must be in a heading."""
+    import re
+
+    headings = _design_headings()
+    numbers = {number for number, _, _ in headings}
+    titles = [title.lower() for _, title, _ in headings]
+    stale = []
+    for path, after in _design_pointers():
+        number = re.match(r"^[,)]?\s*(?:section\s+)?(\d+(?:\.\d+)?)\b", after)
+        name = re.match(r'^(?:,\s*|\s+)(?:section\s+)?"([^"]+)"', after)
+        if number and number.group(1) not in numbers:
+            stale.append(f"{path}: section {number.group(1)}")
+        if name and not all(any(part.strip().lower() in t for t in titles)
+                            for part in name.group(1).split(":")):  # fmt: skip
+            stale.append(f'{path}: "{name.group(1)}"')
+        if not number and not name and re.match(r"^,\s*\w", after):
+            stale.append(f"{path}: unquoted section name {after[:30]!r}")
+    assert stale == []
+
+
+def test_every_repository_path_design_md_names_exists():
+    import glob
+    import re
+
+    missing = []
+    for token in re.findall(r"`([^`\s]+)`", DESIGN.read_text()):
+        top = token.split("/")[0]
+        if "/" not in token and token not in (*ROOT_FILES, "pyproject.toml", "manage.py"):
+            continue
+        if top not in (*POINTER_SOURCES, "lab") and "/" in token:
+            continue
+        path = f"platform/{token}" if top == "lab" else token
+        if not glob.glob(str(ROOT / path.split("<")[0].rstrip("/"))):
+            missing.append(token)
+    assert missing == []

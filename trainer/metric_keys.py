@@ -1,4 +1,4 @@
-"""The one module of metric keys (docs/design.md, section 3.4).
+"""The one module of metric keys (docs/design.md, section 3.5).
 
 The trainer writes these keys to ``metrics.jsonl``; the platform stores them;
 the dashboards read them. Keys are slash namespaces. Per-layer expert load is

@@ -67,6 +67,13 @@ def collapse_strip(
         tickvals=list(range(len(variants))),
         ticktext=variants,
         range=[-0.6, len(variants) - 0.4],
+        automargin=True,  # rotated variant names push the axis title down, not into it
+    )
+    # The legend (two entries per variant) right of the plot: below it, the
+    # "variant" title and rotated names would run into it from 6 variants on.
+    fig.update_layout(
+        legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},
+        margin={"r": 200},
     )
     for pos, variant in enumerate(variants):
         color = color_of(variant, colors)
@@ -119,6 +126,8 @@ def _seed_points(
         text=None if labels is None else _one_label_per_step(steps, labels),
         textposition="top center",
         textfont={"color": color, "size": 10},
+        # a ">= N" label above the highest point is drawn past the plot area, not cut
+        cliponaxis=False,
         hovertext=hovers,
         hoverinfo="text",
         meta={

@@ -24,6 +24,7 @@ from dashboard.style import (
     BASELINE_COLOR,
     base_layout,
     color_of,
+    constant_range,
     hover_format,
     metric_axis,
     metric_title,
@@ -123,6 +124,9 @@ def metric_lines(
     layout["xaxis"].update(step_axis([x for x, _ in arrays.values()]))
     if mk.metric_spec(key).is_share:
         layout["yaxis"]["tickformat"] = share_tickformat(y for _, y in arrays.values())
+    flat = constant_range((y for _, y in arrays.values()), share=mk.metric_spec(key).is_share)
+    if flat is not None:
+        layout["yaxis"]["range"] = flat
     return go.Figure(data=traces, layout=layout, _validate=False)
 
 
@@ -252,6 +256,12 @@ def seed_band(
                 as_float_array(s[1]) for seeds in seeds_by_variant.values() for s in seeds
             )
         )
+    flat = constant_range(
+        (as_float_array(s[1]) for seeds in seeds_by_variant.values() for s in seeds),
+        share=mk.metric_spec(key).is_share,
+    )
+    if flat is not None:
+        fig.update_yaxes(range=flat)
     return fig
 
 

@@ -15,9 +15,9 @@ from django.views.decorators.http import require_POST
 
 from lab.experiments.models import Sweep
 from lab.experiments.rights import NotAllowed
+from lab.jobs.queries import unserved_warning
 from lab.runs import bulk, exports, lifecycle
 from lab.runs.models import Run
-from lab.runs.queries import unserved_warning
 from trainer.errors import FieldError
 
 RUN_PAGE = "dashboard:run"
@@ -130,5 +130,3 @@ def run_delete(request, pk: int):
         return redirect(RUN_PAGE, pk)
     messages.info(request, f"Run {pk} deleted.")
     return redirect(EXPERIMENT_PAGE, experiment_id)
-
-

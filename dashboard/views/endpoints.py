@@ -29,11 +29,11 @@ from dashboard.export import (
 )
 from dashboard.figures import collapse_strip, survival_curves
 from dashboard.figures.collapse import dose_response
-from dashboard.phase import phase_line
+from dashboard.phase import phase_line, progress_bar
 from dashboard.seeds import split_seeds
 from dashboard.stability import stability_table_rows
 from dashboard.stability_stats import dose_layout, survival_rows
-from dashboard.style import assign_colors
+from dashboard.style import assign_colors, variant_colors
 from dashboard.views.params import (
     ChartQuery,
     CompareChartQuery,
@@ -45,8 +45,8 @@ from dashboard.views.params import (
     parse,
 )
 from lab.experiments.models import Experiment, Sweep
+from lab.jobs.queries import placement_text, waiting_reason
 from lab.runs.models import Run
-from lab.runs.queries import placement_text, waiting_reason
 from trainer import metric_keys as mk
 from trainer.errors import FieldError
 
@@ -162,6 +162,8 @@ def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
             "current_step": run.current_step,
             "total_steps": run.total_steps,
             "progress": run.progress,
+            # the bar follows the warm start's SFT steps until RL step 0 (dashboard/phase.py)
+            "bar": dict(zip(("value", "max"), progress_bar(run), strict=True)),
             "placement": placement_text(run),
             "waiting_reason": waiting_reason(run),
             "phase": run.phase,
@@ -246,7 +248,7 @@ def _variant_chart(request: HttpRequest, runs: Sequence[Run], filename: str) -> 
     seeds: dict[str, list] = {}
     for run in runs:
         seeds.setdefault(q.variant_of(run), []).append(q.series_of(data[run.pk], key))
-    fig = variant_bands(seeds, key, window, band=band, colors=assign_colors(seeds))
+    fig = variant_bands(seeds, key, window, band=band, colors=variant_colors(seeds))
     return chart_response(
         query,
         fig,
@@ -302,9 +304,9 @@ def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
         layout = dose_layout(list(outcomes))
         if layout is None:
             raise FieldError([("chart", "these runs have no rollout-precision dose axis")])
-        fig = dose_response(outcomes, layout, colors=assign_colors(layout["arms"]))
+        fig = dose_response(outcomes, layout, colors=variant_colors(layout["arms"]))
     else:
-        colors = assign_colors(outcomes)
+        colors = variant_colors(outcomes)
         builder = collapse_strip if chart == "collapse" else survival_curves
         fig = builder(outcomes, colors=colors)
     return chart_response(
@@ -314,20 +316,19 @@ def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
 
 @login_required_json
 def stability_table(request: HttpRequest) -> HttpResponse:
-    """The stability table as JSON (default) or CSV (``?format=csv``)."""
+    """The stability table as JSON (default) or CSV (``?format=csv``; with
+    ``?table=survival`` the time-to-collapse table). ``?reference=`` picks the
+    log-rank baseline."""
     selection = parse(RunSelectionQuery, request)
     runs, _ = stability_seeds(selection)
     rows = stability_table_rows(q.stability_stats(runs).stats)
+    survival = [row.as_dict() for row in survival_rows(rows, selection.reference)]
     fmt = selection.format or "json"
+    name = "time-to-collapse" if selection.table == "survival" else "stability-table"
     if fmt == "json":
-        response = JsonResponse(
-            {
-                "rows": [row.as_dict() for row in rows],
-                "survival": [row.as_dict() for row in survival_rows(rows)],
-            }
-        )
-    else:
-        body = records_to_csv([row.as_dict() for row in rows])
-        response = HttpResponse(body, content_type=EXPORT_FORMATS["csv"])
-    response["Content-Disposition"] = f'attachment; filename="stability-table.{fmt}"'
+        response = JsonResponse({"rows": [row.as_dict() for row in rows], "survival": survival})
+    else:  # ?table=survival: the time-to-collapse table (median, log-rank p, KL interval)
+        table = survival if selection.table == "survival" else [row.as_dict() for row in rows]
+        response = HttpResponse(records_to_csv(table), content_type=EXPORT_FORMATS["csv"])
+    response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
     return response

@@ -107,6 +107,17 @@ def _posted_reference(request, experiment: Experiment) -> tuple[dict[str, Any], 
     return resolve_config(base=experiment.base_config or None).to_dict(), "", None
 
 
+def _with_form_fields(model: RegisteredModel) -> RegisteredModel:
+    """The model with ``form_fields``: the run form's fields it sets (JSON, for
+    run_form.js), ``model.source`` and the checkpoint's shape."""
+    fields = {
+        "model.source": model.path,
+        **{f"model.{k}": v for k, v in model.model_fields.items()},
+    }
+    model.form_fields = json.dumps(fields)
+    return model
+
+
 def _priority(raw: str) -> int | str:
     """The typed priority as an int, or the text as typed (check_priority then names it)."""
     text = raw.strip() or "0"
@@ -137,17 +148,19 @@ def run_new(request, pk: int):
             config = schema_form.config_from_post(sections, request.POST)
         priority = _priority(priority_text)
         if not isinstance(priority, int):
-            # Reported with the config's own errors, not instead of them.
             other_errors.append("priority: priority must be an integer from 0 to 9")
-            try:
-                resolve_config(config, base=experiment.base_config or None)
-            except FieldError as exc:
-                other_errors += schema_form.attach_errors(sections, exc.errors)
         try:  # a registered model / dataset stands for overrides of the config
             overrides = picked_assets(request.POST)
         except FieldError as exc:
             overrides = None
             other_errors += [f"{path}: {message}" for path, message in exc.errors]
+        if other_errors and config is not None:
+            # Every kind of error in one submit: the config's own errors with the
+            # priority's and the picked assets', not instead of them.
+            try:
+                resolve_config(config, base=experiment.base_config or None)
+            except FieldError as exc:
+                other_errors += schema_form.attach_errors(sections, exc.errors)
         if not other_errors:
             try:
                 run = lifecycle.submit_run(
@@ -202,7 +215,7 @@ def run_new(request, pk: int):
             "mode": mode,
             "bool_marker": schema_form.BOOL_MARKER,
             "variant": request.POST.get("variant", clone.variant if clone else preset),
-            "registered_models": RegisteredModel.objects.all(),
+            "registered_models": [_with_form_fields(m) for m in RegisteredModel.objects.all()],
             "registered_datasets": RegisteredDataset.objects.all(),
             "registered_model": request.POST.get("registered_model", ""),
             "registered_dataset": request.POST.get("registered_dataset", ""),

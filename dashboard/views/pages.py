@@ -34,11 +34,12 @@ from dashboard.panels import (
     moe_layers,
     sections_for,
 )
-from dashboard.phase import phase_line
-from dashboard.seeds import seed_rule, split_seeds
+from dashboard.phase import phase_line, progress_bar
+from dashboard.run_facts import export_command, run_model_facts
+from dashboard.seeds import STOPPED_STATUSES, seed_rule, split_seeds
 from dashboard.stability import STABILITY_COLUMNS, stability_table_rows
 from dashboard.stability_stats import dose_layout, reference_of, survival_rows
-from dashboard.style import BASELINE_COLOR, assign_colors, metric_title
+from dashboard.style import BASELINE_COLOR, assign_colors, metric_title, variant_colors
 from dashboard.views.endpoints import stability_runs
 from dashboard.views.params import (
     ComparePageQuery,
@@ -48,11 +49,10 @@ from dashboard.views.params import (
     VariantPageQuery,
     parse,
 )
-from lab.assets.facts import export_command, run_model_facts
 from lab.experiments import rights
 from lab.experiments.models import Experiment, Sweep
+from lab.jobs.queries import placement_text, waiting_reason
 from lab.runs.models import Run, RunStatus
-from lab.runs.queries import placement_text, waiting_reason
 from trainer.errors import FieldError
 
 RUNS_PER_PAGE = 50
@@ -177,6 +177,8 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
         "placement": placement_text(run),
         "waiting_reason": waiting_reason(run),
         "phase_text": phase_line(run),
+        "bar_value": progress_bar(run)[0],
+        "bar_max": progress_bar(run)[1],
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
         "model_facts": run_model_facts(run.config),
         "export_command": export_command(run),
@@ -245,7 +247,7 @@ def _variant_page(
     variants: dict[str, list[Run]] = {}
     for run in runs:
         variants.setdefault(q.variant_of(run), []).append(run)
-    colors = assign_colors(variants)
+    colors = variant_colors(variants)
     pin = BaselinePin.objects.filter(experiment=experiment).select_related("run").first()
     ids = ",".join(str(r.pk) for r in runs)
     return render(
@@ -256,15 +258,23 @@ def _variant_page(
             "sweep": sweep,
             "sweeps": list(experiment.sweeps.all()) if sweep is None else [],
             "rows": _verdict_rows(runs),
+            # seeds: the runs that count as seeds of their variant (dashboard/seeds.py),
+            # as on the stability review; cancelled and failed runs are counted apart
             "variants": [
                 {
                     "name": v,
                     "color": colors[v],
-                    "runs": len(rs),
+                    "seeds": sum(r.status not in STOPPED_STATUSES for r in rs),
+                    "stopped": sum(r.status in STOPPED_STATUSES for r in rs),
                     "active": sum(r.is_active for r in rs),
                 }
                 for v, rs in variants.items()
             ],
+            "seed_rule": seed_rule(False),
+            "grid_rows": sorted((field, values) for field, values in (sweep.grid or {}).items())
+            if sweep
+            else [],
+            "progress": _sweep_progress(runs) if sweep else None,
             "charts": charts,
             "band": band,
             "pin": pin,
@@ -279,6 +289,14 @@ def _variant_page(
             else "",
         },
     )
+
+
+def _sweep_progress(runs: list[Run]) -> dict[str, int]:
+    """How far a sweep is: its runs finished, training or waiting, and stopped."""
+    stopped = sum(r.status in STOPPED_STATUSES for r in runs)
+    active = sum(r.is_active for r in runs)
+    return {"total": len(runs), "active": active, "stopped": stopped,
+            "finished": len(runs) - active - stopped}  # fmt: skip
 
 
 @page_params
@@ -474,8 +492,11 @@ def stability(request: HttpRequest) -> HttpResponse:
                 for r in chosen
             ],
             "skipped": inputs.skipped,
-            "survival": survival_rows(rows),
-            "reference": reference_of(rows),
+            "survival": survival_rows(rows, selection.reference),
+            "reference": reference_of(rows, selection.reference),
+            "variant_names": sorted(row.variant for row in rows),
+            "scope_fields": [(k, v) for k, v in scope.items() if k != "reference"],
+            "survival_csv": _url("stability_table", format="csv", table="survival", **scope),
             "charts": [
                 _chart("chart-collapse", _url("stability_chart", ["collapse"], **scope)),
                 _chart("chart-survival", _url("stability_chart", ["survival"], **scope)),

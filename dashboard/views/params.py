@@ -7,7 +7,7 @@ endpoints answer it with 400 JSON, the pages with a 400 naming the field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
@@ -157,6 +157,10 @@ class VariantChartQuery(ChartQuery):
     band: one_of("minmax", "std") = "minmax"  # around the mean over seeds
 
 
+def _trimmed(limit: int) -> Any:
+    return BeforeValidator(lambda value: str(value).strip()[:limit])
+
+
 class RunSelectionQuery(Query):
     """The runs of a stability review: ``?runs=`` (repeated or comma separated),
     else all of ``?experiment=`` or ``?sweep=``."""
@@ -167,11 +171,17 @@ class RunSelectionQuery(Query):
     format: ExportFormat = None
     # Count cancelled and failed runs as seeds (dashboard/seeds.py); off by default.
     stopped: bool = False
+    # The log-rank baseline variant (dashboard/stability_stats.py reference_of).
+    reference: Annotated[str, _trimmed(200)] = ""
+    # Which table a download holds: the seeds' table or the time-to-collapse table.
+    table: Literal["stability", "survival"] = "stability"
 
     def scope(self) -> dict[str, str | int]:
         """The selection as query parameters for the review's charts and downloads:
         every chosen run, however the ids were given, and the seed switch."""
         extra: dict[str, str | int] = {"stopped": 1} if self.stopped else {}
+        if self.reference:
+            extra["reference"] = self.reference
         if self.runs:
             return {"runs": ",".join(map(str, self.runs)), **extra}
         if self.experiment is not None:
@@ -182,10 +192,6 @@ class RunSelectionQuery(Query):
 
 
 # --------------------------------------------------------------------------- pages
-def _trimmed(limit: int) -> Any:
-    return BeforeValidator(lambda value: str(value).strip()[:limit])
-
-
 class RunsListQuery(Query):
     """The runs list's filters. Unknown statuses and sorts show everything, newest first."""
 

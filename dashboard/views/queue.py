@@ -9,8 +9,8 @@ from django.shortcuts import render
 
 from lab.experiments.models import Sweep
 from lab.jobs.models import Worker
+from lab.jobs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
 from lab.runs.models import ACTIVE_STATUSES, Run
-from lab.runs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
 
 QUEUE_PAGE_SIZE = 100
 
@@ -54,5 +54,3 @@ def queue_page(request):
 def workers_page(request):
     workers = Worker.live().select_related("current_run")
     return render(request, "dashboard/workers.html", {"workers": workers})
-
-

@@ -335,3 +335,52 @@ def test_legend_sits_below_the_plot():
 def test_an_empty_chart_is_a_placeholder_card():
     fig = empty_figure("accuracy: waiting for the first step")
     assert fig.layout.meta == {"placeholder": "accuracy: waiting for the first step"}
+
+
+def test_a_constant_series_keeps_its_axis_in_range():
+    """Plotly pads a flat line by its own value: a constant 100% accuracy would get
+    an axis to 200%. A share keeps [0, 100%]; another metric its value +-10%."""
+    full = metric_lines({"run": (STEPS, [1.0] * 5)}, mk.REWARD_ACCURACY)
+    assert list(full.layout.yaxis.range) == [0.0, 1.0]
+    band = seed_band({"v": [(STEPS, [1.0] * 5), (STEPS, [1.0] * 5)]}, mk.REWARD_ACCURACY)
+    assert list(band.layout.yaxis.range) == [0.0, 1.0]
+    flat = metric_lines({"run": (STEPS, [2.0] * 5)}, mk.REWARD_MEAN)
+    assert list(flat.layout.yaxis.range) == pytest.approx([1.8, 2.2])
+    moving = metric_lines({"run": (STEPS, [0.1, 0.2, 0.3, 0.4, 0.5])}, mk.REWARD_ACCURACY)
+    assert moving.layout.yaxis.range is None  # Plotly's autorange when the values move
+
+
+def test_long_tick_labels_push_the_axis_title_aside():
+    """KL's e-notation ticks are long: the y title moves out instead of overlapping."""
+    fig = metric_lines({"run": (STEPS, [1e-7, 2e-7, 3e-7, 4e-7, 5e-7])}, mk.MISMATCH_KL_K3)
+    assert fig.layout.yaxis.automargin is True
+
+
+def test_collapse_strip_keeps_labels_and_legend_clear_of_the_axis():
+    """Six variants: the legend right of the plot (not under the rotated names and
+    the "variant" title), the x axis making room for its names, and ">= N" labels
+    above the top of the plot drawn, not clipped."""
+    outcomes = {
+        f"variant-{i}": [RunOutcome(f"variant-{i}", step=149, collapsed=False, label=f"s{i}")]
+        for i in range(6)
+    }
+    fig = collapse_strip(outcomes)
+    assert fig.layout.legend.x > 1 and fig.layout.legend.orientation == "v"
+    assert fig.layout.xaxis.automargin is True
+    censored = [t for t in fig.data if t.meta["role"] == "censored"]
+    assert censored and all(t.cliponaxis is False for t in censored)
+    assert all(t.text[0] == ">= 149" for t in censored)
+
+
+def test_kl_ticks_speak_the_titles_scale_only():
+    """A tiny KL drawn ×1e-3 (0.0004) gets decimal ticks, not "4e-4" under a
+    "×1e-3" title (two scales on one axis)."""
+    fig = metric_lines({"r": (STEPS, [4e-7, 5e-7, 6e-7, 5e-7, 4e-7])}, mk.MISMATCH_KL_K3)
+    assert "×1e-3" in fig.layout.yaxis.title.text
+    assert fig.layout.yaxis.tickformat == "~r"
+    band = seed_band({"v": [(STEPS, [4e-7, 5e-7, 6e-7, 5e-7, 4e-7])]}, mk.MISMATCH_KL_K3)
+    assert band.layout.yaxis.tickformat == "~r"
+    assert (
+        metric_lines({"r": (STEPS, [1.0, 2, 3, 4, 5])}, mk.REWARD_MEAN).layout.yaxis.tickformat
+        is None
+    )

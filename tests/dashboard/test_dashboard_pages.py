@@ -149,9 +149,7 @@ def test_dense_run_page_leaves_out_moe_charts(alice, make_run):
 def test_compare_page_diffs_only_differing_fields(alice, make_run):
     a = make_run(seed=0)
     b = make_run(seed=1, overrides={"stabilizers.replay.mode": "r3"})
-    page = alice.get(
-        "/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}
-    ).content.decode()
+    page = alice.get("/compare/", {"runs": f"{a.pk},{b.pk}", "baseline": b.pk}).content.decode()
     diff = page.split('class="config-diff"')[1].split("</table>")[0]
     assert "<code>run.seed</code>" in diff
     assert "<code>stabilizers.replay.mode</code>" in diff
@@ -172,9 +170,7 @@ def test_experiment_page_lists_variants_and_band_charts(alice, make_run, experim
     make_run(variant="none", seed=0)
     page = alice.get(f"/experiments/{experiment.pk}/", {"band": "std"}).content.decode()
     assert "Experiment: replay vs none" in page
-    assert (
-        f"/experiments/{experiment.pk}/chart?key=reward%2Faccuracy&amp;band=std" in page
-    )
+    assert f"/experiments/{experiment.pk}/chart?key=reward%2Faccuracy&amp;band=std" in page
     assert page.count('class="swatch"') == 2
     assert f"/stability/?experiment={experiment.pk}" in page
 
@@ -197,6 +193,46 @@ def test_sweep_page_groups_grid_points(alice, user, experiment):
     response = alice.get(f"/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
     variants = {t["meta"]["variant"] for t in response.json()["figure"]["data"]}
     assert variants == {"mode=none", "mode=r3"}
+
+
+def _variant_rows(page: str) -> dict[str, list[str]]:
+    table = page.split('<table class="variants">')[1].split("</table>")[0]
+    rows = {}
+    for row in re.findall(r"<tr><td>(.*?)</tr>", table.split("<tbody>")[1], re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in row.split("</td><td>")]
+        rows[cells[0]] = [c.replace("</td>", "").strip() for c in cells[1:]]
+    return rows
+
+
+def test_variants_table_counts_only_seeds(alice, make_run, experiment):
+    """A cancelled or failed run is not a seed of its variant (the stability
+    review's rule, dashboard/seeds.py): counted apart, and the rule is stated."""
+    make_run(variant="r3", seed=0)
+    make_run(variant="r3", seed=1)
+    make_run(variant="r3", seed=2, status=RunStatus.CANCELLED)
+    make_run(variant="r3", seed=3, status=RunStatus.FAILED)
+    page = alice.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert _variant_rows(page)["r3"] == ["2", "0", "2"]  # seeds, active, stopped
+    assert "Cancelled and failed runs are not seeds" in page
+
+
+def test_sweep_page_shows_the_sweep_not_the_experiment_again(alice, user, experiment):
+    """The sweep page: its grid, how far it is, its own actions; the experiment's
+    actions (new run, sweep builder, sharing) stay on the experiment page."""
+    sweep = sweeps.create_sweep(
+        owner=user, experiment=experiment, base_config=experiment.base_config,
+        grid={"stabilizers.replay.mode": ["none", "r3"]}, seeds=[0, 1], queue="cpu",
+        name="replay sweep",
+    )  # fmt: skip
+    first = sweep.runs.order_by("pk").first()
+    Run.objects.filter(pk=first.pk).update(status=RunStatus.CANCELLED)
+    page = alice.get(f"/sweeps/{sweep.pk}/").content.decode()
+    assert "Sweep builder" not in page and "New run" not in page and "Sharing" not in page
+    assert "<code>stabilizers.replay.mode</code></td><td>none, r3</td>" in page
+    assert "0 of 4 runs finished, 3 queued or training, 1 cancelled or failed." in page
+    assert "Cancel sweep" in page
+    experiment_page = alice.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "Sweep builder" in experiment_page and "Cancel sweep" not in experiment_page
 
 
 def test_run_page_is_the_one_run_page(alice, make_run):

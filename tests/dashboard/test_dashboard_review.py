@@ -43,9 +43,7 @@ def test_verdicts_latest_wins_and_only_author_or_staff_withdraw(
     bob = client_for(other_user)
     assert alice.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
     assert (
-        bob.post(
-            f"/runs/{run.pk}/verdict", {"label": "needs_rerun", "note": "seed 2?"}
-        ).status_code
+        bob.post(f"/runs/{run.pk}/verdict", {"label": "needs_rerun", "note": "seed 2?"}).status_code
         == 302
     )
     assert [v.label for v in Verdict.objects.filter(run=run)] == ["needs_rerun", "stable"]
@@ -61,9 +59,7 @@ def test_verdicts_latest_wins_and_only_author_or_staff_withdraw(
     assert Verdict.objects.filter(pk=bobs.pk).exists()
     assert bob.post(f"/verdicts/{bobs.pk}/withdraw").status_code == 302
     alices = Verdict.objects.get(run=run, author=user)
-    assert (
-        client_for(staff_user).post(f"/verdicts/{alices.pk}/withdraw").status_code == 302
-    )
+    assert client_for(staff_user).post(f"/verdicts/{alices.pk}/withdraw").status_code == 302
     assert not Verdict.objects.filter(run=run).exists()
 
 
@@ -117,14 +113,10 @@ def test_only_owner_or_staff_delete_a_saved_comparison(
     a, b = two_runs
     first = services.save_comparison(owner=user, name="one", run_ids=[a.pk, b.pk])
     second = services.save_comparison(owner=user, name="two", run_ids=[a.pk])
-    assert (
-        client_for(other_user).post(f"/comparisons/{first.pk}/delete").status_code == 403
-    )
+    assert client_for(other_user).post(f"/comparisons/{first.pk}/delete").status_code == 403
     assert SavedComparison.objects.filter(pk=first.pk).exists()
     assert alice.post(f"/comparisons/{first.pk}/delete").status_code == 302
-    assert (
-        client_for(staff_user).post(f"/comparisons/{second.pk}/delete").status_code == 302
-    )
+    assert client_for(staff_user).post(f"/comparisons/{second.pk}/delete").status_code == 302
     assert not SavedComparison.objects.exists()
 
 
@@ -135,9 +127,7 @@ def test_anyone_comments_on_a_saved_comparison_escaped(
 
     a, b = two_runs
     saved = services.save_comparison(owner=user, name="one", run_ids=[a.pk, b.pk])
-    response = client_for(other_user).post(
-        f"/comparisons/{saved.pk}/comment", {"body": XSS}
-    )
+    response = client_for(other_user).post(f"/comparisons/{saved.pk}/comment", {"body": XSS})
     assert response["Location"] == f"/comparisons/{saved.pk}/#comments"
     assert ComparisonComment.objects.get().author == other_user
     page = alice.get(f"/comparisons/{saved.pk}/").content
@@ -158,17 +148,12 @@ def test_pinned_baseline_is_drawn_on_the_other_runs_charts(alice, two_runs):
     assert (
         len(
             payload_traces(
-                alice.get(
-                    f"/runs/{b.pk}/chart", {"key": "reward/accuracy", "baseline": 0}
-                )
+                alice.get(f"/runs/{b.pk}/chart", {"key": "reward/accuracy", "baseline": 0})
             )
         )
         == 1
     )
-    assert (
-        len(payload_traces(alice.get(f"/runs/{a.pk}/chart", {"key": "reward/accuracy"})))
-        == 1
-    )
+    assert len(payload_traces(alice.get(f"/runs/{a.pk}/chart", {"key": "reward/accuracy"}))) == 1
     alice.post(f"/experiments/{a.experiment_id}/unpin")
     assert not BaselinePin.objects.exists()
 
@@ -186,3 +171,30 @@ def test_review_actions_are_post_only(alice, make_run):
     run = make_run()
     assert alice.get(f"/runs/{run.pk}/verdict").status_code == 405
     assert alice.get(f"/runs/{run.pk}/pin").status_code == 405
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["", "   ", "bell \x07", "x" * 10001, 42],
+    ids=["empty", "blank", "control", "long", "int"],
+)
+def test_every_comment_follows_one_body_rule(user, make_run, body):
+    """A run's, an experiment's and a saved comparison's comments refuse the same
+    bodies with the same message (lab.runs.comments.clean_body)."""
+    from dashboard import services
+    from trainer.errors import FieldError
+
+    run = make_run()
+    saved = services.save_comparison(owner=user, name="one", run_ids=[run.pk])
+    writes = [
+        lambda: services.comment_on_run(author=user, run=run, body=body),
+        lambda: services.comment_on_experiment(author=user, experiment=run.experiment, body=body),
+        lambda: services.comment_on_comparison(author=user, comparison=saved, body=body),
+    ]
+    messages = []
+    for write in writes:
+        with pytest.raises(FieldError) as refused:
+            write()
+        messages.append(refused.value.errors)
+    assert messages[0] == messages[1] == messages[2] and messages[0][0][0] == "body"
+    assert not Comment.objects.exists() and not ComparisonComment.objects.exists()

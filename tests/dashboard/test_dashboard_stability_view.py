@@ -71,10 +71,7 @@ def test_stability_table_per_variant_with_censoring(alice, study):
     assert "late" not in rows
     assert f"#{runs[-1].pk}" in html.split("Not in the table")[1]
     assert "&gt;= 99 (censored)" in html  # per-run table
-    assert (
-        "/stability/chart/survival?runs=" in html
-        and "/stability/chart/collapse?runs=" in html
-    )
+    assert "/stability/chart/survival?runs=" in html and "/stability/chart/collapse?runs=" in html
 
 
 def test_stability_table_downloads(alice, study):
@@ -94,9 +91,7 @@ def test_stability_table_downloads(alice, study):
 
 def test_stability_of_a_whole_experiment(alice, study, experiment):
     ids, _ = study
-    by_experiment = alice.get(
-        "/stability/", {"experiment": experiment.pk}
-    ).content.decode()
+    by_experiment = alice.get("/stability/", {"experiment": experiment.pk}).content.decode()
     by_runs = alice.get("/stability/", {"runs": ids}).content.decode()
     assert _table(by_experiment) == _table(by_runs)
 
@@ -173,13 +168,88 @@ def test_stability_page_shows_log_rank_median_ci_and_the_dose_chart(alice, make_
     html = alice.get("/stability/", {"runs": ids}).content.decode()
     body = html.split('class="survival-stats"')[1].split("</table>")[0]
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in body.split("</tr>") if "<td>" in row]
-    # no moe-grpo variant: the first one is the reference
-    assert rows[0][:4] == ["moe-grpo-fp8", "2/2", "40 [40, 60]", "-"]
-    # fp32: both censored at 99. Log-rank vs fp8 (events 40, 60): t=40 n=2+2, E=.5, V=.25;
-    # t=60 n=2+1, E=2/3, V=2/9; O=0: chi2 = (7/6)^2 / (17/36) = 2.882, p = erfc(1.2004)
-    assert rows[1][:4] == ["moe-grpo-fp32", "0/2", "not reached (&gt; 99)", "0.0896"]
+    # no moe-grpo variant: the dose axis' fp32 arm (no precision gap) is the
+    # reference, whatever the order the runs were picked in
+    assert "log-rank p vs moe-grpo-fp32" in html
+    assert rows[1][:4] == ["moe-grpo-fp32", "0/2", "not reached (&gt; 99)", "-"]
+    # fp8 vs fp32 (both censored at 99): t=40 n=2+2, E=.5, V=.25; t=60 n=1+2, E=1/3,
+    # V=2/9; O-E = 2 - 5/6 = 7/6: chi2 = (7/6)^2 / (17/36) = 2.882, p = erfc(1.2004)
+    assert rows[0][:4] == ["moe-grpo-fp8", "2/2", "40 [40, 60]", "0.0896"]
     assert "/stability/chart/dose?runs=" in html
     chart = alice.get("/stability/chart/dose", {"runs": ids})
     assert chart.status_code == 200
     (trace,) = chart.json()["figure"]["data"]  # categorical x: read it raw
     assert trace["x"] == ["fp32", "fp8"] and trace["text"] == ["0/2", "2/2"]
+
+
+def _survival(html: str) -> dict[str, list[str]]:
+    body = html.split('class="survival-stats"')[1].split("</table>")[0].split("<tbody>")[1]
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in body.split("</tr>") if "<td>" in row]
+    return {cells[0]: cells for cells in rows}
+
+
+def test_log_rank_baseline_does_not_depend_on_selection_order(alice, make_run):
+    """ "Review selected" lists runs newest first; the baseline is still the rule's
+    (the fp32 arm of a dose axis), as on the experiment's review."""
+    runs = [
+        _run(make_run, "arm-fp32", 0, kl=1e-3),
+        _run(make_run, "arm-fp32", 1, kl=1e-3, collapse=80),
+        _run(make_run, "arm-fp8", 0, kl=5e-3, collapse=20),
+        _run(make_run, "arm-fp8", 1, kl=5e-3, collapse=30),
+    ]
+    newest_first = ",".join(str(r.pk) for r in reversed(runs))
+    oldest_first = ",".join(str(r.pk) for r in runs)
+    for ids in (newest_first, oldest_first):
+        html = alice.get("/stability/", {"runs": ids}).content.decode()
+        assert "log-rank p vs arm-fp32" in html
+        assert _survival(html)["arm-fp32"][3] == "-"  # the baseline is not tested against itself
+
+
+def test_the_user_chooses_the_log_rank_baseline(alice, study):
+    ids, _ = study
+    html = alice.get("/stability/", {"runs": ids, "reference": "r3"}).content.decode()
+    assert "log-rank p vs r3" in html and '<option value="r3" selected>' in html
+    survival = _survival(html)
+    assert survival["r3"][3] == "-" and survival["none"][3] != "-"
+    # the choice travels with the downloads; an unknown one falls back to the rule
+    assert "reference=r3" in html.split("reference-form")[1].split("</form>")[0]
+    assert (
+        "log-rank p vs none"
+        in alice.get("/stability/", {"runs": ids, "reference": "x"}).content.decode()
+    )
+
+
+def test_time_to_collapse_table_downloads_as_csv(alice, study):
+    ids, _ = study
+    html = alice.get("/stability/", {"runs": ids}).content.decode()
+    link = re.search(r'href="([^"]*table=survival[^"]*)"', html).group(1).replace("&amp;", "&")
+    response = alice.get(link)
+    assert response.status_code == 200
+    assert 'filename="time-to-collapse.csv"' in response["Content-Disposition"]
+    table = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [row["variant"] for row in table] == list(_survival(html))
+    assert {"collapsed", "median", "logrank_p", "kl_ci"} <= set(table[0])
+    assert alice.get(link.replace("table=survival", "table=other")).status_code == 400
+
+
+def test_a_variant_keeps_its_colour_from_page_to_page(alice, make_run, experiment):
+    """The experiment page's swatches, its band charts and the stability review of
+    the same runs picked in another order give each variant one colour."""
+    runs = [_run(make_run, v, seed, kl=1e-3, collapse=40 + seed)
+            for v in ("zeta", "alpha", "mid") for seed in (0, 1)]  # fmt: skip
+    page = alice.get(f"/experiments/{experiment.pk}/").content.decode()
+    swatches = dict(
+        (name, color)
+        for color, name in re.findall(
+            r'class="swatch" style="background: ([^"]+)"></span> (\w+)', page
+        )
+    )
+    assert set(swatches) == {"zeta", "alpha", "mid"}
+    band = alice.get(f"/experiments/{experiment.pk}/chart", {"key": "mismatch/kl_k3"})
+    band_colors = {t["meta"]["variant"]: t["line"]["color"] for t in payload_traces(band)
+                   if t.get("meta", {}).get("role") == "mean"}  # fmt: skip
+    ids = ",".join(str(r.pk) for r in reversed(runs))
+    survival = alice.get("/stability/chart/survival", {"runs": ids})
+    survival_colors = {t["meta"]["variant"]: t["line"]["color"] for t in payload_traces(survival)
+                       if t.get("meta", {}).get("role") == "survival"}  # fmt: skip
+    assert band_colors == swatches and survival_colors == swatches

@@ -29,6 +29,29 @@ CHROMIUM_ARGS = [
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
+def _patience() -> float:
+    """How many times longer than on an idle machine a wait may take: the load per
+    core when the tests start (at least 1), or LAB_TEST_PATIENCE."""
+    if os.environ.get("LAB_TEST_PATIENCE"):
+        return max(1.0, float(os.environ["LAB_TEST_PATIENCE"]))
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+PATIENCE = _patience()
+
+
+def ceiling_s(idle_seconds: float) -> float:
+    """A wait's upper bound: generous on an idle machine (``idle_seconds``), longer
+    on a busy one. Tests wait on conditions (Playwright's ``expect`` and
+    ``wait_for_function``, poll loops on state) and return as soon as they hold;
+    the ceiling only turns a hang into a failure."""
+    return idle_seconds * PATIENCE
+
+
+def ceiling_ms(idle_seconds: float) -> float:
+    return ceiling_s(idle_seconds) * 1000
+
+
 @contextmanager
 def launch_chromium() -> Iterator[Browser]:
     with sync_playwright() as pw:
@@ -116,8 +139,8 @@ def chart_points(page: Page, chart_id: str) -> int:
     return page.locator(f"#{chart_id}").evaluate(CHART_POINTS_JS)
 
 
-def wait_all_charts_drawn(page: Page, timeout_ms: float = 60_000) -> None:
-    page.wait_for_function(ALL_CHARTS_DRAWN_JS, timeout=timeout_ms)
+def wait_all_charts_drawn(page: Page, timeout_ms: float | None = None) -> None:
+    page.wait_for_function(ALL_CHARTS_DRAWN_JS, timeout=timeout_ms or ceiling_ms(120))
 
 
 def open_form_field(page: Page, path: str):

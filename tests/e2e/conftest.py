@@ -6,6 +6,10 @@ overrides the path). Every test gets a fresh browser context whose requests
 are intercepted: anything not addressed to this machine is aborted and fails
 the test, as does any console error or uncaught page error.
 
+Waits: every wait is on a condition with a ceiling that grows with the
+machine's load (``browser_harness.ceiling_s``; LAB_TEST_PATIENCE=N sets the
+factor), so the suite passes on a machine several times oversubscribed.
+
 Screenshots go to ``test-artifacts/e2e/`` (git-ignored). With
 LAB_UPDATE_DOCS_SCREENSHOTS=1 the representative ones are also copied into
 ``docs/screenshots/`` for docs/dashboards.md.
@@ -18,10 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_harness import CHROMIUM, BrowserGuard, launch_chromium
+from browser_harness import CHROMIUM, PATIENCE, BrowserGuard, ceiling_ms, launch_chromium
 from PIL import Image
+from playwright.sync_api import expect
 
 ROOT = Path(__file__).resolve().parents[2]
+# Every Playwright wait is on a condition; these are its ceilings (5 s is
+# Playwright's own default for expect, which a loaded machine misses).
+expect.set_options(timeout=ceiling_ms(60))
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
 DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
 
@@ -43,7 +51,7 @@ def guard(chromium) -> Iterator[BrowserGuard]:
     """A fresh context (own cookies) that fails the test on console errors,
     page errors and requests to any other host."""
     context = chromium.new_context(viewport={"width": 1280, "height": 800})
-    context.set_default_timeout(30_000)
+    context.set_default_timeout(ceiling_ms(60))
     watched = BrowserGuard(context)
     try:
         yield watched
@@ -91,3 +99,7 @@ class Screenshots:
 @pytest.fixture
 def screenshots(request) -> Screenshots:
     return Screenshots(request.module.__name__.removeprefix("test_"))
+
+
+def pytest_report_header(config):
+    return f"e2e wait ceilings x{PATIENCE:.1f} (load per core; LAB_TEST_PATIENCE overrides)"

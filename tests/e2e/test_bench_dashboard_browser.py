@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser_harness import ceiling_s
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(ceiling_s(300))]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ def test_small_compare_page_is_timed_and_downsampling_shrinks_the_payload(tmp_pa
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_dashboard_browser", "--runs", "2", "--steps", "1200",
          "--metrics", "2", "--repeat", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280,
+        cwd=ROOT, capture_output=True, text=True, timeout=ceiling_s(280),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "first chart s" in done.stdout and "targets" in done.stdout

@@ -17,7 +17,7 @@ import time
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from browser_harness import TRACE_DRAWN_JS, chart_points, wait_all_charts_drawn
+from browser_harness import TRACE_DRAWN_JS, ceiling_s, chart_points, wait_all_charts_drawn
 from django.contrib.auth import get_user_model
 from django.db import OperationalError
 from playwright.sync_api import Page, expect
@@ -30,7 +30,7 @@ from lab.runs.metrics.ingest import ingest_metrics
 from lab.runs.models import Run, RunStatus
 from trainer import metric_keys as mk
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(ceiling_s(180))]
 
 STEPS = 300
 N_EXPERTS = 8
@@ -221,16 +221,17 @@ def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
 def _update_while_polled(run_id: int, **fields) -> None:
     """Write a run the open page is polling. The live server's in-memory SQLite
     shares its cache between threads, where a write that meets a read answers
-    "database table is locked" at once instead of waiting: retry briefly."""
-    for _ in range(100):
+    "database table is locked" at once instead of waiting: retry until the write
+    lands (the page's poll is short; the ceiling only catches a lock never freed)."""
+    deadline = time.monotonic() + ceiling_s(30)
+    while True:
         try:
             Run.objects.filter(pk=run_id).update(**fields)
             return
         except OperationalError as exc:
-            if "locked" not in str(exc):
+            if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
-    Run.objects.filter(pk=run_id).update(**fields)
 
 
 def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(

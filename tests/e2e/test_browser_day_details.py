@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser_harness import wait_all_charts_drawn
+from browser_harness import ceiling_s, wait_all_charts_drawn
 from django.contrib.auth import get_user_model
 from playwright.sync_api import Page, expect
 
@@ -23,7 +23,7 @@ from lab.runs.metrics.ingest import ingest_metrics
 from lab.runs.models import Run, RunStatus
 from trainer import metric_keys as mk
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(ceiling_s(180))]
 
 PASSWORD = "pw-dana"
 STEPS = 40
@@ -175,3 +175,29 @@ def test_no_missing_favicon_and_api_docs_in_the_browser(guard, lab):
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("MoE-RL Stability Lab API")
     assert not failed, failed
     guard.assert_clean()  # no CDN: every request stayed on this machine
+
+
+def test_picking_a_registered_model_fills_the_forms_shape_fields(guard, lab):
+    """The form shows the model the run will train: model.source and the
+    checkpoint's shape replace the preset's; "none" puts the preset's back."""
+    from lab.assets.models import RegisteredModel
+
+    RegisteredModel.objects.create(
+        name="tiny-qwen", path="/models/tiny-qwen", family="qwen3",
+        model_fields={"d_model": 96, "n_layers": 3, "n_heads": 4},
+        total_params=1, active_params=1, vocab_size=100, owner=lab["user"],
+    )  # fmt: skip
+    page = guard.new_page()
+    path = f"/experiments/{lab['experiment'].pk}/runs/new?preset=moe-grpo"
+    _log_in(page, lab["url"], path)
+    d_model = page.locator('input[name="model.d_model"]')
+    preset_width = d_model.input_value()
+    assert preset_width != "96"
+    page.select_option('select[name="registered_model"]', "tiny-qwen")
+    expect(d_model).to_have_value("96")
+    expect(page.locator('input[name="model.n_layers"]')).to_have_value("3")
+    expect(page.locator('input[name="model.source"]')).to_have_value("/models/tiny-qwen")
+    expect(page.locator("[data-change-list]")).to_contain_text("model.d_model")
+    page.select_option('select[name="registered_model"]', "")
+    expect(d_model).to_have_value(preset_width)
+    guard.assert_clean()

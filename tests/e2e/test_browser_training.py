@@ -22,6 +22,8 @@ import re
 import pytest
 from browser_harness import (
     RECORD_UPDATES_JS,
+    ceiling_ms,
+    ceiling_s,
     chart_points,
     open_form_field,
     wait_all_charts_drawn,
@@ -29,7 +31,7 @@ from browser_harness import (
 from lab_processes import LabStack
 from playwright.sync_api import Page, expect
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(ceiling_s(300))]
 
 
 # A run the real trainer finishes in seconds on a CPU (a few SFT steps of warm start).
@@ -41,7 +43,7 @@ TINY_FORM_VALUES = {
     "rollout.group_size": "4",
     "task.eval_size": "16",
 }
-LIVE_TIMEOUT_MS = 180_000
+LIVE_TIMEOUT_MS = ceiling_ms(180)
 ESCAPE_PROBE = "<b>x</b> reads literally"
 
 
@@ -125,7 +127,7 @@ def _watch_live_until_done(page: Page, lab, run_id: int, shots) -> None:
     chart = page.locator("[data-live-chart]").first
     chart_id = chart.get_attribute("id")
     page.wait_for_function(  # the first live update drew the (still empty) chart
-        "id => (window.__chartUpdates[id] || []).length > 0", arg=chart_id, timeout=60_000
+        "id => (window.__chartUpdates[id] || []).length > 0", arg=chart_id, timeout=ceiling_ms(60)
     )
     first_points = page.evaluate("id => window.__chartUpdates[id][0]", chart_id)
 

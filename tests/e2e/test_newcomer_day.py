@@ -28,13 +28,13 @@ import io
 import re
 
 import pytest
-from browser_harness import open_form_field, wait_all_charts_drawn
+from browser_harness import ceiling_ms, ceiling_s, open_form_field, wait_all_charts_drawn
 from lab_processes import LabStack
 from playwright.sync_api import Page, expect
 
 from lab.jobs import launch
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(ceiling_s(420))]
 
 # A run the real trainer finishes in seconds, with a warm start long enough
 # (a few hundred SFT steps, ~10-20 s here) to be seen on the run page.
@@ -48,7 +48,7 @@ QUICK = {
     "warm_start.eval_every": "25",
     "warm_start.eval_size": "16",
 }
-TIMEOUT_MS = 180_000
+TIMEOUT_MS = ceiling_ms(180)
 DEMO_USER = (
     "from pathlib import Path; from django.conf import settings; "
     "from lab.jobs.management.commands.lab_up import Command; "
@@ -159,7 +159,7 @@ def _cancel_a_long_run_from_the_list(page: Page, lab) -> int:
     page.get_by_role("button", name="Cancel selected").click()
     expect(page.locator(".messages li", has_text="Cancelled 1 run")).to_be_visible()
     assert asked and "Cancel the selected runs?" in asked[0]
-    lab.wait_status(run["id"], {"cancelled"}, timeout=60)
+    lab.wait_status(run["id"], {"cancelled"}, timeout=ceiling_s(60))
     return run["id"]
 
 
@@ -217,7 +217,7 @@ def _restart_web_and_stay_logged_in(page: Page, lab) -> None:
     # What the next `make up` does before starting the web server again.
     assert lab.manage("shell", "-c", DEMO_USER).strip().splitlines()[-1] == lab.demo_password
     lab.start("web", launch.web_command("127.0.0.1", lab.port))
-    lab.wait_for(lambda: lab._up(), 60, "web server")
+    lab.wait_for(lambda: lab._up(), ceiling_s(60), "web server")
     page.reload()
     expect(page.get_by_role("heading", name="Stability review")).to_be_visible()
     expect(page).not_to_have_url(re.compile(r"/accounts/login/"))

@@ -11,7 +11,7 @@ from lab_processes import submit_tiny_run
 from lab.jobs import capacity, gang, supervisor
 from lab.jobs import services as jobs
 from lab.jobs.models import Worker
-from lab.runs.queries import waiting_reason
+from lab.jobs.queries import waiting_reason
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ from django.utils import timezone
 from lab_processes import submit_tiny_run
 from teams import share
 
+from lab.jobs import queries, supervisor, tasks
 from lab.jobs import services as jobs
-from lab.jobs import supervisor, tasks
-from lab.runs import queries
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.models import MetricStep, Run, RunStatus
 from lab.site.celery import app
@@ -272,7 +271,7 @@ def test_a_wake_up_that_cannot_reach_the_database_goes_back_to_the_broker(user, 
     from django.db import OperationalError, connection
 
     from lab.experiments.services import create_experiment
-    from lab.jobs.dispatch import waiting_messages
+    from lab.runs.dispatch import waiting_messages
 
     experiment = create_experiment(owner=user, name="db down", preset="moe-grpo")
     run = submit_tiny_run(user, experiment, queue=queue)

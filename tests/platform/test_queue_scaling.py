@@ -10,8 +10,8 @@ from django.test import Client
 from django.utils import timezone
 from lab_processes import submit_tiny_run
 
+from lab.jobs.queries import queue_position, queue_positions
 from lab.runs.models import Run, RunStatus
-from lab.runs.queries import queue_position, queue_positions
 
 MAX_QUERIES = 8  # session/auth, count, page, positions (+ savepoints): never per row
 

@@ -9,8 +9,8 @@ import re
 import pytest
 from django.test import Client
 
-from lab.runs.models import Run
 from dashboard import schema_form
+from lab.runs.models import Run
 
 
 @pytest.fixture
@@ -83,6 +83,31 @@ def test_a_bad_priority_is_reported_with_the_configs_errors(browser, experiment)
     assert "priority: priority must be an integer from 0 to 9" in summary
     assert "#f-model.top_k" in summary
     assert 'name="priority" value="high"' in page
+
+
+def test_every_kind_of_error_is_reported_in_one_submit(browser, experiment):
+    """A bad priority, an unknown registered model and a bad field: all three at once."""
+    data = _post_data(
+        _preset_sections(),
+        **{"priority": "high", "registered_model": "no-such-model", "model.top_k": "64"},
+    )
+    page = browser.post(f"/experiments/{experiment.pk}/runs/new", data).content.decode()
+    summary = page.split('id="form-errors"')[1].split("</div>")[0]
+    assert "priority: priority must be an integer" in summary
+    assert "registered_model: &#x27;no-such-model&#x27; is not registered" in summary
+    assert "#f-model.top_k" in summary
+    assert not Run.objects.exists()
+
+
+def test_key_settings_are_labelled_by_their_dotted_path(browser, experiment):
+    """Out of their section, "mode" or "enabled" alone would not say which."""
+    page = browser.get(f"/experiments/{experiment.pk}/runs/new?preset=moe-grpo").content.decode()
+    key = page.split('id="section-key"')[1].split("</details>")[0]
+    labels = re.findall(r'<label for="f-([^"]+)" title="[^"]*">([^<]+)</label>', key)
+    assert labels and all(path == label for path, label in labels)
+    assert ("stabilizers.surgery.enabled", "stabilizers.surgery.enabled") in labels
+    rest = page.split('id="section-key"')[1].split("</details>", 1)[1]
+    assert '<label for="f-run.collapse.window" title="run.collapse.window">window</label>' in rest
 
 
 def test_changes_are_listed_against_the_preset(browser, experiment):

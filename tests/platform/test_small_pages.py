@@ -40,3 +40,19 @@ def test_api_docs_are_browsable_from_local_static_files(browser):
 def test_api_docs_need_login(db):
     response = Client().get("/api/docs/")
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+def test_openapi_opens_in_a_browser_instead_of_downloading(browser):
+    """A browser gets the YAML as text it shows; clients keep their media types."""
+    shown = browser.get("/api/openapi", HTTP_ACCEPT=BROWSER_ACCEPT)
+    assert shown.status_code == 200
+    assert shown["Content-Type"] == "text/plain; charset=utf-8"
+    assert shown.content.decode().startswith("openapi:")
+    assert "attachment" not in shown.get("Content-Disposition", "")
+    yaml = browser.get("/api/openapi", HTTP_ACCEPT="application/vnd.oai.openapi")
+    assert yaml["Content-Type"].startswith("application/vnd.oai.openapi")
+    as_json = browser.get("/api/openapi", {"format": "json"}, HTTP_ACCEPT=BROWSER_ACCEPT)
+    assert as_json["Content-Type"].startswith("application/vnd.oai.openapi+json")

@@ -87,8 +87,9 @@
           el.hidden = !s.phase_text;
         });
         Array.prototype.forEach.call(fields("progress"), function (el) {
-          el.max = s.total_steps;
-          el.value = s.current_step;
+          // the warm start's SFT steps until RL step 0, then the RL steps
+          el.max = s.bar ? s.bar.max : s.total_steps;
+          el.value = s.bar ? s.bar.value : s.current_step;
         });
         showWhen(Boolean(s.running));
         var collapse = section.querySelector('[data-field="collapse"]');

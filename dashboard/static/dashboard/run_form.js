@@ -77,6 +77,37 @@
     });
   }
 
+  // A registered model stands for model.source and the checkpoint's shape: picking
+  // one fills those fields (its option's data-model-fields, {path: value}), so the
+  // form shows the model the run will train; "none" puts back what was there.
+  var picker = form.querySelector("select[name=registered_model]");
+  var before = {};
+  function inputAt(path) {
+    var wrapper = form.querySelector('[data-field-path="' + path + '"]');
+    return wrapper ? wrapper.querySelector("input:not([type=hidden]), select") : null;
+  }
+  function setInput(input, value) {
+    if (input.type === "checkbox") input.checked = value === true || value === "True";
+    else input.value = value === null || value === undefined ? "" : String(value);
+  }
+  function applyModel() {
+    Object.keys(before).forEach(function (path) {
+      var input = inputAt(path);
+      if (input) setInput(input, before[path]);
+    });
+    before = {};
+    var option = picker.options[picker.selectedIndex];
+    var fields = option && option.dataset.modelFields ? JSON.parse(option.dataset.modelFields) : {};
+    Object.keys(fields).forEach(function (path) {
+      var input = inputAt(path);
+      if (!input) return;
+      before[path] = input.type === "checkbox" ? (input.checked ? "True" : "False") : input.value;
+      setInput(input, fields[path]);
+    });
+    refresh();
+  }
+  if (picker) picker.addEventListener("change", applyModel);
+
   form.addEventListener("input", refresh);
   form.addEventListener("change", refresh);
   refresh();

@@ -10,8 +10,8 @@ from rest_framework import serializers
 
 from lab.assets.models import RegisteredDataset, RegisteredModel
 from lab.experiments.models import Experiment, Sweep
+from lab.jobs.queries import eta_seconds, queue_position, waiting_reason
 from lab.runs.models import CheckpointExport, Comment, Run
-from lab.runs.queries import eta_seconds, queue_position, waiting_reason
 
 
 class StrictSerializer(serializers.Serializer):

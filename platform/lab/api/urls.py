@@ -1,13 +1,12 @@
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
 
-from lab.api import views
-from lab.assets import api as assets
+from lab.api import assets, views
+from lab.api.openapi import OpenApiView
 
 urlpatterns = [
     path("health", views.health_view, name="api-health"),
     path("schema/config", views.config_schema_view, name="api-config-schema"),
-    path("openapi", SpectacularAPIView.as_view(), name="api-openapi"),
+    path("openapi", OpenApiView.as_view(), name="api-openapi"),
     path("presets", views.presets_view, name="api-presets"),
     path("experiments", views.ExperimentList.as_view(), name="api-experiments"),
     path("experiments/<int:pk>", views.ExperimentDetail.as_view(), name="api-experiment"),

@@ -135,18 +135,6 @@ def asset_overrides(
     )
 
 
-def with_assets(
-    model: RegisteredModel | None, dataset: RegisteredDataset | None, data: dict[str, Any]
-) -> list[str] | Any:
-    """A run request's overrides with the picked model's and dataset's first, so
-    the request's own overrides still win; unchanged when none is picked."""
-    from lab.runs.configs import overrides_as_strings
-
-    overrides = data.get("overrides")
-    if model is None and dataset is None:
-        return overrides
-    return asset_overrides(model, dataset) + overrides_as_strings(overrides)
-
 
 def picked_assets(form: Any) -> list[str]:
     """Overrides for the run form's ``registered_model`` / ``registered_dataset`` choices

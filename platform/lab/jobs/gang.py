@@ -36,8 +36,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from lab.jobs.dispatch import new_task_id, send_run_on_commit
 from lab.jobs.models import Worker
+from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.models import Run, RunStatus
 
 log = logging.getLogger("jobs")

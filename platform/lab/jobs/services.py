@@ -7,7 +7,7 @@ UPDATE on (id, status, attempts) so at most one actor wins every transition:
 
 The database decides what runs next: a wake-up claims the highest-priority,
 oldest queued run of its queue (``claim_next``), the order the pages show as
-the queue position (runs/queries.py). ``attempts`` is the fencing token:
+the queue position (jobs/queries.py). ``attempts`` is the fencing token:
 each claim increments it and every later write of the attempt is checked
 against it.
 """
@@ -24,8 +24,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from lab.jobs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.jobs.models import Worker
+from lab.runs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunStatus
@@ -43,7 +43,7 @@ class Claim:
     node: int = 0  # a gang's member number (lab/jobs/gang.py); 0 leads, and a lone run is 0
 
 
-# The claim order: what runs/queries.py ``queue_position`` counts.
+# The claim order: what jobs/queries.py ``queue_position`` counts.
 CLAIM_ORDER = ("-priority", "created_at", "pk")
 # Candidates looked at per claim: another worker may take the first ones meanwhile.
 CLAIM_CANDIDATES = 8

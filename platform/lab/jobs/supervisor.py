@@ -38,9 +38,9 @@ from lab.assets.roots import check_config_paths
 from lab.jobs import capacity, gang
 from lab.jobs import services as job_services
 from lab.jobs.childproc import kill_group, tied_to_this_process
-from lab.jobs.dispatch import new_task_id, send_run_on_commit
 from lab.jobs.progress import poll_progress
 from lab.jobs.tailer import MetricsTail
+from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.metrics.columns import chunk_of
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics

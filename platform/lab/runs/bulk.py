@@ -16,8 +16,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from lab.experiments.models import Sweep
-from lab.jobs.dispatch import new_task_id, send_run_on_commit
 from lab.runs import lifecycle
+from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.models import ACTIVE_STATUSES, Run, RunStatus
 
 REQUEUEABLE_STATUSES = (RunStatus.FAILED, RunStatus.CANCELLED)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 
-from lab.assets import serializers as s
+from lab.api import asset_serializers as s
 from lab.assets import services
 from lab.assets.models import RegisteredDataset, RegisteredModel
+from lab.runs.configs import overrides_as_strings
 
 
 def _valid(serializer_class, data) -> dict:
@@ -55,3 +58,14 @@ class DatasetList(generics.ListAPIView):
 class DatasetDetail(generics.RetrieveAPIView):
     queryset = RegisteredDataset.objects.select_related("owner")
     serializer_class = s.RegisteredDatasetSerializer
+
+
+def with_assets(
+    model: RegisteredModel | None, dataset: RegisteredDataset | None, data: dict[str, Any]
+) -> list[str] | Any:
+    """A run request's overrides with the picked model's and dataset's first, so
+    the request's own overrides still win; unchanged when none is picked."""
+    overrides = data.get("overrides")
+    if model is None and dataset is None:
+        return overrides
+    return services.asset_overrides(model, dataset) + overrides_as_strings(overrides)
