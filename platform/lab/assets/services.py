@@ -135,7 +135,6 @@ def asset_overrides(
     )
 
 
-
 def picked_assets(form: Any) -> list[str]:
     """Overrides for the run form's ``registered_model`` / ``registered_dataset`` choices
     (names; empty = none); FieldError naming the choice when it is not registered."""
