@@ -199,6 +199,7 @@ def test_a_collapsing_run_is_detected_when_it_ends(ml, exp_id):
     assert run.metric_chunks_sealed == 1  # final: its metrics are columns now
 
 
+@pytest.mark.slow
 def test_limits_and_errors(ml, exp_id, other_user):
     run_id = ml.run(exp_id)
     cases = [

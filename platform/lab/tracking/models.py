@@ -2,9 +2,10 @@
 
 The run itself is a ``runs.Run`` with ``origin = external`` (its metrics in the
 lab's one metric store, ``runs.MetricStep``, under the lab's keys where
-tracking/metric_map.py maps a name); this row holds MLflow's own view of it:
-params, tags, the latest value of each metric under the name the client
-logged, and the millisecond times MLflow clients send. Writes:
+tracking/metric_map.py maps a name); this row holds the rest of MLflow's view of
+it: tags, the latest value of each metric under the name the client logged,
+the names stored under a lab key, and the millisecond times MLflow clients
+send. Params are the run's ``config["params"]``. Writes:
 tracking/services.py.
 """
 
