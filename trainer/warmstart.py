@@ -4,6 +4,7 @@ The base policy is trained with next-token cross-entropy on the task's target
 responses until its greedy held-out accuracy lands in
 [warm_start.target_accuracy_low, target_accuracy_high]. The result is cached
 by a hash of everything that determines it (model, task, warm_start sections,
+what the checkpoint and data files hold, not only their paths, the
 vocabulary, and on the CPU the thread count; ``warm_start.seed``, not
 ``run.seed``), so every run with the same base, every seed of a study
 included, reuses it.
@@ -56,8 +57,26 @@ def warm_start_key(cfg: ExperimentConfig, vocab_size: int, device: torch.device)
     includes the thread count: BLAS splits sums across threads, so the same
     config and seed on 1 and 2 threads train different bases (measured: held-out
     accuracy 0.27 vs 0.23 for the tiny MoE preset, parameters apart by up to 0.6)."""
-    key = f"{cfg.hash('model', 'task', 'warm_start')}-v{vocab_size}"
+    key = f"{cfg.hash('model', 'task', 'warm_start')}-{input_files_key(cfg)}-v{vocab_size}"
     return f"{key}-cpu{torch.get_num_threads()}" if device.type == "cpu" else key
+
+
+def input_files_key(cfg: ExperimentConfig) -> str:
+    """What the base's input files hold (``content_fingerprint``): the checkpoint
+    folder and a text task's data files. The config names them by path only, and
+    a file replaced at the same path must train a new base (or be refused)."""
+    from trainer.hf.files import content_fingerprint
+
+    paths = []
+    if cfg.model.source != "builtin":
+        paths.append(Path(cfg.model.source))
+    if cfg.task.name == "text":
+        from trainer.tasks.text_data import resolve_data_file
+
+        paths.append(resolve_data_file(cfg.task.data_file, "task.data_file"))
+        if cfg.task.eval_file:
+            paths.append(resolve_data_file(cfg.task.eval_file, "task.eval_file"))
+    return content_fingerprint(paths) if paths else "files0"
 
 
 def _sft_loss(

@@ -122,3 +122,43 @@ def read_weight_map(index: Path) -> dict[str, str]:
     if outside:
         raise FieldError([(SOURCE, f"{index} names {outside[0]!r}, not a file of the folder")])
     return weight_map
+
+
+# Files read whole into the fingerprint; larger ones (weights) by their size,
+# modification time and first and last megabyte (a safetensors header included).
+_WHOLE_BYTES = 64 * 1024**2
+_EDGE_BYTES = 1024**2
+
+
+def _file_fingerprint(path: Path, digest) -> None:
+    stat = path.stat()
+    digest.update(f"{path.name}\0{stat.st_size}\0".encode())
+    with path.open("rb") as f:
+        if stat.st_size <= _WHOLE_BYTES:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            return
+        digest.update(str(stat.st_mtime_ns).encode())
+        digest.update(f.read(_EDGE_BYTES))
+        f.seek(-_EDGE_BYTES, os.SEEK_END)
+        digest.update(f.read(_EDGE_BYTES))
+
+
+def content_fingerprint(paths: list[Path]) -> str:
+    """A short hash of what ``paths`` hold (a folder: each file in it, sorted), so a
+    cache keyed by it is missed when a file changes on disk, not only when its
+    path does. Files up to 64 MB are hashed whole (configs, tokenizers, data
+    files); a larger one by size, modification time and its first and last
+    megabyte (where a safetensors header is): rewriting a checkpoint in place
+    changes them, and reading gigabytes of weights on every start does not pay."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in paths:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if file.exists():
+                _file_fingerprint(file, digest)
+            else:
+                digest.update(f"{file.name}\0missing".encode())
+    return digest.hexdigest()[:16]

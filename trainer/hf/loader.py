@@ -91,7 +91,7 @@ class CheckpointReader:
     (bench/bench_hf_import.py measures it, docs/benchmarks.md).
     """
 
-    def __init__(self, folder: Path, remap_bytes: int = 64 * 1024**2):
+    def __init__(self, folder: Path, remap_bytes: int = 32 * 1024**2):
         self.folder = folder
         self.remap_bytes = remap_bytes
         index = folder / INDEX_FILE
