@@ -189,7 +189,7 @@ class LabStack:
         try:
             self.get("/api/presets")
             return True
-        except (urllib.error.URLError, ConnectionError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError):  # a slow first answer
             return False
 
     def request(self, method: str, path: str, payload=None) -> tuple[int, dict]:
