@@ -251,9 +251,7 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def test_frozen_worker_and_trainer_never_share_the_folder_with_the_next_attempt(
-    lab_stack,
-):
+def test_frozen_worker_and_trainer_never_share_the_folder_with_the_next_attempt(lab_stack):
     """SIGSTOP the worker and its trainer: the next attempt waits for the folder
     lock; thawed, the old trainer finds its lease expired and exits without
     writing, and the new one trains alone."""
