@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig
-from trainer.model.dispatch import Dispatch, expert_matmul, resolve_backend
+from trainer.model.dispatch import Dispatch, expert_counts, expert_matmul, resolve_backend
 from trainer.model.expert_parallel import all_finished, run_on_owners
 from trainer.model.layers import (
     apply_rotary,
@@ -38,7 +39,12 @@ from trainer.model.layers import (
 from trainer.rollout.numerics import Numerics
 from trainer.rollout.router_noise import RouterNoise
 from trainer.rollout.routing_pack import PackedRouting, index_dtype
-from trainer.rollout.sampling import sample_next, scaled_logprobs
+from trainer.rollout.sampling import (
+    replay_draws,
+    sample_next,
+    sampling_stream,
+    scaled_logprobs,
+)
 
 
 @dataclass
@@ -108,7 +114,10 @@ class RolloutEngine:
         device: torch.device | str = "cpu",
         moe_backend: str = "auto",
         router_noise: RouterNoise | None = None,
+        stop_check_every: int = 8,
     ):
+        if stop_check_every < 1:
+            raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
         self.cfg = cfg
         # The routing-only dose (trainer.rollout.router_noise): None or sigma 0 = off.
         self.router_noise = router_noise if router_noise and router_noise.active else None
@@ -116,6 +125,10 @@ class RolloutEngine:
         self.num = Numerics(precision, device)
         self.device = self.num.device
         self.moe_backend = moe_backend
+        # Decode steps between two checks whether every row stopped: the check
+        # reads a flag on the host (a sync); between checks the loop runs on
+        # without waiting (``_sample``).
+        self.stop_check_every = stop_check_every
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.resolved_n_kv_heads
         self.head_dim = cfg.resolved_head_dim
@@ -329,13 +342,14 @@ class RolloutEngine:
             self._slots = torch.arange(n, device=flat.device)
         slots = self._slots[:n]
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=n_experts)
+        # Counts by search in the sorted ids: bincount syncs on CUDA.
+        counts, offsets = expert_counts(flat.index_select(0, order), n_experts)
         return Dispatch(
             order=order,
             inverse=torch.empty_like(order).scatter_(0, order, slots),
             token=order.div(top.shape[-1], rounding_mode="floor"),
             counts=counts,
-            offsets=counts.cumsum(0, dtype=torch.int32),
+            offsets=offsets,
         )
 
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -650,11 +664,18 @@ class RolloutEngine:
         if use_kv_cache:
             n_real, key_bias = self._decode_state(prompt_valid, total)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
-        end = p
+        # The stop condition is read on the host every ``stop_check_every`` steps
+        # only (a sync each); a loop that ran past the stop is undone below, so
+        # tokens, log-probs, routing and the generator's state equal those of a
+        # check after every token.
+        stream = sampling_stream(generator, self.device) if temperature > 0 else None
+        stream_state, stream_from, step = None, 0, -1
         for step in range(max_new_tokens):
             col = p + step
+            if stream is not None and eos_id is not None and step % self.stop_check_every == 0:
+                stream_state, stream_from = stream.get_state(), step
             logp = scaled_logprobs(next_logits, temperature)
-            nxt = sample_next(logp, temperature, top_p, generator)
+            nxt = sample_next(logp, temperature, top_p, stream)
             if eos_id is None:  # no row ever stops: every row is alive
                 alive = None
                 tokens[:, col] = nxt
@@ -667,12 +688,10 @@ class RolloutEngine:
                 mask[:, col] = alive
                 logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
                 finished = finished | (alive & (nxt == eos_id))
-            # Under expert parallelism a rank that is done decodes pads for its group
-            # but returns none of them; alone, a live row is certain here (no sync).
-            if self.expert_shard is None or alive is None or bool(alive.any()):
-                end = col + 1
             if step == max_new_tokens - 1 or (
-                alive is not None and all_finished(finished, self.expert_shard)
+                alive is not None
+                and (step + 1) % self.stop_check_every == 0
+                and all_finished(finished, self.expert_shard)
             ):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
@@ -692,7 +711,30 @@ class RolloutEngine:
                     key_bias[:, col].masked_fill_(~alive, float("-inf"))
             else:
                 next_logits = self._recompute_next(tokens, mask, col, routing)
+        if eos_id is None:
+            return tokens, mask, logprobs, routing, total
+        # Columns up to the last one where a row was alive (every row is alive at
+        # step 0 and a stopped row stays stopped): one host read per call. Under
+        # expert parallelism a rank that is done decodes pads for its group but
+        # returns none of them.
+        end = p + int(mask[:, p:].any(0).sum())
+        stop = self._group_stop_step(end - p - 1)  # the step after which every row had stopped
+        if step > stop:  # sampled past the stop: undo what a per-step check never did
+            if routing is not None:
+                routing[:, :, p + stop :] = 0  # columns fed only after the stop
+            if stream is not None:
+                replay_draws(stream, stream_state, stop + 1 - stream_from, next_logits)
         return tokens, mask, logprobs, routing, end
+
+    def _group_stop_step(self, local_stop: int) -> int:
+        """The decode step at which every row had stopped: here, and under expert
+        parallelism on every rank of the group (which decodes in lockstep until
+        its last rank is done); ``local_stop`` is this rank's."""
+        if self.expert_shard is None:
+            return local_stop
+        stop = torch.tensor([local_stop], device=self.device)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=self.expert_shard.group)
+        return int(stop.item())
 
     def _decode_state(
         self, prompt_valid: torch.Tensor, total: int

@@ -47,3 +47,28 @@ def sample_next(
     probs = top_p_filter(logprobs.exp(), top_p)
     race = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / race).argmax(dim=-1)
+
+
+def sampling_stream(generator: torch.Generator | None, device: torch.device) -> torch.Generator:
+    """The generator ``sample_next`` draws from: ``generator``, or the device's default
+    one (what ``exponential_(generator=None)`` uses), so that its state can be saved."""
+    if generator is not None:
+        return generator
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
+def replay_draws(
+    generator: torch.Generator, state: torch.Tensor, draws: int, like: torch.Tensor
+) -> None:
+    """Set ``generator`` to where ``draws`` calls of ``sample_next`` on logprobs shaped
+    like ``like`` (B, V) take it from ``state``: each call draws one (B, V)
+    exponential, so the same draws give the same state on any device. A decode
+    loop that sampled past its stop uses it to leave the stream exactly where a
+    loop that stopped in time would."""
+    generator.set_state(state)
+    scratch = torch.empty_like(like, dtype=torch.float32)
+    for _ in range(draws):
+        scratch.exponential_(1, generator=generator)
