@@ -97,6 +97,20 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
         )])  # fmt: skip
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise FieldError([(flag, "give comma-separated integers, e.g. 0,1,2")]) from None
+
+
+def _float_list(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise FieldError([(flag, "give comma-separated numbers, e.g. 0,0.1,0.2")]) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer",
@@ -150,6 +164,23 @@ def _parser() -> argparse.ArgumentParser:
         "--variants", help="comma-separated variant names: run only this slice of the study"
     )
     study.add_argument("--seeds", help="comma-separated seeds: run only these of the study's seeds")
+
+    report = sub.add_parser(
+        "causal-report", help="the pre-registered analysis of a causal study's run folders"
+    )
+    report.add_argument("--study", default="causal", help="STUDY.json or a built-in name")
+    report.add_argument("--out", required=True, help="the study folder")
+
+    calibrate = sub.add_parser(
+        "calibrate", help="router noise sigma -> routing gap, k3, SDI and expert balance per base"
+    )
+    calibrate.add_argument("--study", default="causal", help="STUDY.json or a built-in name")
+    calibrate.add_argument("--variant", help="default: the study's first MoE variant")
+    calibrate.add_argument("--bases", default="0,1,2,3", help="comma-separated base seeds")
+    calibrate.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
+    calibrate.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
+    calibrate.add_argument("--batches", type=int, default=2)
+    calibrate.add_argument("--out", required=True, help="JSON file (the table goes beside it)")
 
     export = sub.add_parser("export", help="write a run's policy as a Hugging Face checkpoint")
     export.add_argument("run_dir", metavar="RUN_DIR", help="run folder")
@@ -246,6 +277,29 @@ def _dispatch(args: argparse.Namespace) -> int:
                 Path(args.run_dir), args.step, Path(args.out), args.dtype, replace=args.replace
             )
             print(f"wrote {out}")
+            return 0
+        if args.command == "causal-report":
+            from trainer.analysis.causal_report import causal_report
+            from trainer.study import load_definition
+
+            causal_report(load_definition(args.study), Path(args.out))
+            print((Path(args.out) / "causal.md").read_text())
+            return 0
+        if args.command == "calibrate":
+            from trainer.analysis.calibration import calibrate_study
+            from trainer.study import load_definition
+
+            print(
+                calibrate_study(
+                    load_definition(args.study),
+                    _int_list(args.bases, "--bases"),
+                    _float_list(args.sigmas, "--sigmas"),
+                    Path(args.out),
+                    batches=args.batches,
+                    kind=args.kind,
+                    variant=args.variant,
+                )
+            )
             return 0
         if args.command == "study":
             from trainer.study import run_study_cli

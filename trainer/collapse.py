@@ -96,7 +96,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import CollapseConfig
+from trainer.config import CollapseConfig, ExperimentConfig
 
 MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)  # std(median of n) / std(mean of n), large n
 NOISE_STEPS = 50  # trailing raw steps for the run's own noise estimate
@@ -462,3 +462,29 @@ def summarize_collapses(events: Iterable[tuple[int, bool]]) -> CollapseSummary:
     collapsed = sum(1 for _, c in events if c)
     mean_step = sum(step for step, _ in events) / len(events)
     return CollapseSummary(len(events), collapsed, mean_step, collapsed < len(events))
+
+
+def rejudge_collapse(cfg: ExperimentConfig, summary: dict, rows: list[dict]) -> dict:
+    """The run's collapse judged by the CURRENT rule from its metrics (trainer/collapse.py).
+
+    A study outlives detector revisions: every run is judged alike, whatever
+    version wrote its summary. A non-finite collapse (not in the metrics) is
+    kept as recorded; the run-time verdict stays under ``collapse_at_run_time``.
+    """
+    reason = summary.get("collapse_reason") or ""
+    if summary.get("collapsed") and reason.startswith("non-finite"):
+        return summary
+    det = detect_from_rows(
+        rows,
+        cfg.run.collapse,
+        samples=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+        eval_samples=cfg.task.eval_size,
+    )
+    return {
+        **summary,
+        "collapse_at_run_time": [summary.get("collapsed"), summary.get("collapse_step")],
+        "collapsed": det.collapsed,
+        "collapse_step": det.collapse_step,
+        "collapse_reason": det.collapse_reason,
+        "collapse_revoked": [list(r) for r in det.revoked],
+    }

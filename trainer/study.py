@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as K
-from trainer.collapse import CollapseSummary, detect_from_rows, summarize_collapses
+from trainer.collapse import CollapseSummary, rejudge_collapse, summarize_collapses
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.errors import FieldError
 from trainer.presets import preset_dict
@@ -435,32 +435,6 @@ def dose_response(study: StudyDefinition, per_variant: dict[str, Any]) -> dict[s
                 }
             )
     return {"axis": study.dose.get("axis"), "levels": levels, "arms": cells}
-
-
-def rejudge_collapse(cfg: ExperimentConfig, summary: dict, rows: list[dict]) -> dict:
-    """The run's collapse judged by the CURRENT rule from its metrics (trainer/collapse.py).
-
-    A study outlives detector revisions: every run is judged alike, whatever
-    version wrote its summary. A non-finite collapse (not in the metrics) is
-    kept as recorded; the run-time verdict stays under ``collapse_at_run_time``.
-    """
-    reason = summary.get("collapse_reason") or ""
-    if summary.get("collapsed") and reason.startswith("non-finite"):
-        return summary
-    det = detect_from_rows(
-        rows,
-        cfg.run.collapse,
-        samples=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-        eval_samples=cfg.task.eval_size,
-    )
-    return {
-        **summary,
-        "collapse_at_run_time": [summary.get("collapsed"), summary.get("collapse_step")],
-        "collapsed": det.collapsed,
-        "collapse_step": det.collapse_step,
-        "collapse_reason": det.collapse_reason,
-        "collapse_revoked": [list(r) for r in det.revoked],
-    }
 
 
 def censored_collapse(summaries: list[dict]) -> CollapseSummary:

@@ -9,13 +9,12 @@ disagreement index. The base's own expert balance on the same tokens comes
 with it: dead experts (load under a tenth of the balanced share), the load
 entropy (normalised: 1 = balanced) and MaxVio, per layer and overall.
 
-    python -m trainer.analysis.calibration --study causal --bases 0,1,2,3 \\
+    python -m trainer calibrate --study causal --bases 0,1,2,3 \\
         --sigmas 0,0.05,0.1,0.2,0.4 --out docs/results/causal/calibration.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -163,37 +162,29 @@ def markdown_table(by_base: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from trainer.study import load_definition
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--study", default="causal")
-    parser.add_argument("--variant", default=None, help="default: the study's first MoE variant")
-    parser.add_argument("--bases", default="0,1,2,3")
-    parser.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
-    parser.add_argument("--batches", type=int, default=2)
-    parser.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    study = load_definition(args.study)
-    variant = next(
+def calibrate_study(
+    study,
+    bases: Sequence[int],
+    sigmas: Sequence[float],
+    out: Path,
+    batches: int = 2,
+    kind: str = "fixed",
+    variant: str | None = None,
+) -> str:
+    """Calibrate ``study``'s first MoE variant (or ``variant``) on each base; write
+    ``out`` (JSON) and the markdown table beside it; returns the table."""
+    torch.set_num_threads(1)  # the runs' thread count: the same cached bases
+    chosen = next(
         v
         for v in study.variants
-        if (args.variant is None and study.config_for(v, 0).model.is_moe) or v.name == args.variant
+        if (variant is None and study.config_for(v, 0).model.is_moe) or v.name == variant
     )
-    sigmas = [float(s) for s in args.sigmas.split(",")]
     by_base = {}
-    for base in (int(b) for b in args.bases.split(",")):
-        cfg = study.config_for(variant, base)
-        by_base[str(base)] = calibrate_base(cfg, sigmas, batches=args.batches, kind=args.kind)
-        print(f"base {base}: done", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(by_base, indent=1))
+    for base in bases:
+        cfg = study.config_for(chosen, base)
+        by_base[str(base)] = calibrate_base(cfg, sigmas, batches=batches, kind=kind)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(by_base, indent=1))
     table = markdown_table(by_base)
-    args.out.with_suffix(".md").write_text(table + "\n")
-    print(table)
-
-
-if __name__ == "__main__":
-    main()
+    out.with_suffix(".md").write_text(table + "\n")
+    return table

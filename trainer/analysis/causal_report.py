@@ -1,7 +1,7 @@
 """The causal study's report: the pre-registered analysis of a study folder.
 
 ``causal_report(study, out)`` reads every finished run of the study (judged by
-the collapse rule as fixed in the pre-registration, ``trainer.study.rejudge_collapse``),
+the collapse rule as fixed in the pre-registration, ``trainer.collapse.rejudge_collapse``),
 and writes ``causal.json`` and ``causal.md`` into the study folder:
 
 * per cell: runs, collapses, the routing gap and k3 at the start, the
@@ -12,12 +12,11 @@ and writes ``causal.json`` and ``causal.md`` into the study folder:
   lead-lag model; the three pre-registered p-values Holm-adjusted;
 * the decision, by the rule written before any primary run.
 
-    python -m trainer.analysis.causal_report --study causal --out docs/results/causal/runs
+    python -m trainer causal-report --study causal --out docs/results/causal/runs
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -34,6 +33,7 @@ from trainer.analysis.survival import (
     run_gap,
     run_table,
 )
+from trainer.collapse import rejudge_collapse
 from trainer.run_files import SUMMARY_FILE, read_metrics
 
 ALPHA = 0.05
@@ -46,9 +46,8 @@ def _finished(run_dir: Path) -> bool:
 
 
 def load_runs(study, out: Path) -> list[dict[str, Any]]:
-    """Every finished run of the study under ``out``, with its covariates and metrics."""
-    from trainer.study import rejudge_collapse
-
+    """Every finished run of the study under ``out``, with its covariates and metrics.
+    ``study``: a ``trainer.study.StudyDefinition`` (variants, seeds, config_for, base_of)."""
     runs = []
     for variant in study.variants:
         for seed in study.seeds:
@@ -375,19 +374,3 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", f"Decision (pre-registered rule): {report['decision']}."]
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from trainer.study import load_definition
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--study", default="causal")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    report = causal_report(load_definition(args.study), args.out)
-    print((args.out / "causal.md").read_text())
-    del report
-
-
-if __name__ == "__main__":
-    main()
