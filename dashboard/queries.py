@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.db.models import QuerySet
 
@@ -144,6 +146,40 @@ def outcomes_for(runs: Sequence[Run]) -> list[RunOutcome]:
     """Outcomes of runs that have one (one query for the last steps)."""
     last = last_metric_steps([r.pk for r in runs])
     return [o for r in runs if (o := run_outcome(r, last.get(r.pk))) is not None]
+
+
+def causal_records(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The causal panel's run records (``dashboard.causal``), one metrics query: each
+    finished or collapsed run's routing gap over its first steps (natural top-k
+    of training vs the rollout engine), architecture, replay and base."""
+    from trainer.analysis.survival import GAP_STEPS
+
+    data = series_for(runs, [mk.MISMATCH_ROUTING_INCONSISTENCY], end=GAP_STEPS - 1)
+    records = []
+    for run in runs:
+        summary = run.summary or {}
+        if "collapsed" not in summary or summary.get("steps") is None:
+            continue  # not judged yet: no time and no event
+        config = run.config or {}
+        _, values = series_of(data[run.pk], mk.MISMATCH_ROUTING_INCONSISTENCY)
+        gap = np.asarray(values, dtype=float)
+        finite = gap[np.isfinite(gap)]
+        records.append(
+            {
+                "variant": variant_of(run),
+                "seed": run.seed,
+                "base": (config.get("warm_start") or {}).get("seed", 0),
+                "moe": (config.get("model") or {}).get("n_experts", 0) > 0,
+                "r3": ((config.get("stabilizers") or {}).get("replay") or {}).get("mode") == "r3",
+                "gap": float(finite.mean()) if finite.size else 0.0,
+                "summary": {
+                    "collapsed": bool(summary.get("collapsed")),
+                    "collapse_step": summary.get("collapse_step"),
+                    "steps": summary.get("steps"),
+                },
+            }
+        )
+    return records
 
 
 STABILITY_KEYS = [

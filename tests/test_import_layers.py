@@ -48,6 +48,10 @@ FORBIDDEN_IN_TRAINER = ("django", "rest_framework", "celery")
 # The trainer modules the platform may import (docs/design.md section 1.1), torch-free.
 TRAINER_CONTRACT = frozenset(
     {
+        "trainer.analysis",
+        "trainer.analysis.intervals",
+        "trainer.analysis.power",
+        "trainer.analysis.survival",
         "trainer.collapse",
         "trainer.config",
         "trainer.errors",

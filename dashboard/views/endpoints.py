@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 
+from dashboard import causal
 from dashboard import queries as q
 from dashboard.charts import layer_heatmap, run_lines, variant_bands
 from dashboard.emptiness import empty_reason
@@ -50,7 +51,7 @@ from lab.runs.models import Run
 from trainer import metric_keys as mk
 from trainer.errors import FieldError
 
-STABILITY_CHARTS = ("collapse", "survival", "dose")
+STABILITY_CHARTS = ("collapse", "survival", "dose", "gap")
 
 
 def login_required_json(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -292,7 +293,8 @@ def stability_seeds(selection: RunSelectionQuery) -> tuple[list[Run], list[Run]]
 
 @login_required_json
 def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
-    """Collapse step per seed (strip) or Kaplan-Meier survival per variant."""
+    """Collapse step per seed (strip), Kaplan-Meier survival per variant, the
+    precision dose-response, or time to collapse against the routing gap."""
     if chart not in STABILITY_CHARTS:
         raise FieldError([("chart", f"chart must be one of: {', '.join(STABILITY_CHARTS)}")])
     selection = parse(RunSelectionQuery, request)
@@ -300,6 +302,14 @@ def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
     outcomes: dict[str, list] = {}
     for outcome in q.outcomes_for(runs):
         outcomes.setdefault(outcome.variant, []).append(outcome)
+    if chart == "gap":
+        records = q.causal_records(runs)
+        if not causal.applies(records):
+            raise FieldError([("chart", "these MoE runs do not span a routing gap")])
+        fig = causal.gap_scatter(records, colors=variant_colors(sorted(outcomes)))
+        return chart_response(
+            selection, fig, running=any(r.is_active for r in runs), filename="stability-gap"
+        )
     if chart == "dose":
         layout = dose_layout(list(outcomes))
         if layout is None:

@@ -21,8 +21,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.html import escape
 
+from dashboard import causal, services
 from dashboard import queries as q
-from dashboard import services
 from dashboard.configdiff import config_diff, display_value
 from dashboard.figures import SHARED_LOAD_SCALE
 from dashboard.models import BaselinePin, SavedComparison, VerdictLabel
@@ -462,6 +462,8 @@ def stability(request: HttpRequest) -> HttpResponse:
         )
     inputs = q.stability_stats(runs)
     rows = stability_table_rows(inputs.stats)
+    records = q.causal_records(runs)
+    causal_panel = causal.effects(records) if causal.applies(records) else None
     verdicts = q.latest_verdicts(r.pk for r in chosen)
     outcome_by_label = {s.outcome.label: s for s in inputs.stats}
     left_out_ids = {r.pk for r in left_out}
@@ -505,7 +507,13 @@ def stability(request: HttpRequest) -> HttpResponse:
                     if dose_layout([row.variant for row in rows])
                     else []
                 ),
+                *(
+                    [_chart("chart-gap", _url("stability_chart", ["gap"], **scope))]
+                    if causal_panel
+                    else []
+                ),
             ],
+            "causal": causal_panel,
             "table_csv": _url("stability_table", format="csv", **scope),
             "table_json": _url("stability_table", format="json", **scope),
             "interval_ms": LIVE_INTERVAL_MS,

@@ -183,3 +183,15 @@ def test_collapse_rate_bound_is_the_exact_binomial_bound():
     assert (1 - p) ** 10 + 10 * p * (1 - p) ** 9 == pytest.approx(0.05)
     pooled = {"runs": 36, "collapsed": 0, "collapse_rate_upper95": collapse_rate_bound(0, 36)}
     assert decide(None, {}, pooled).startswith("no collapse at any routing gap: 0 of 36")
+
+
+def test_detectable_hazard_ratio_by_hand():
+    from trainer.analysis.power import detectable_hazard_ratio
+
+    # (1.959964 + 0.841621)^2 = 7.849; 20 events, sd 1: log HR = 2.801585 / sqrt(20)
+    assert detectable_hazard_ratio(20, 1.0) == pytest.approx(math.exp(2.801585 / math.sqrt(20)))
+    # twice the spread halves log HR
+    assert math.log(detectable_hazard_ratio(20, 2.0)) == pytest.approx(
+        math.log(detectable_hazard_ratio(20, 1.0)) / 2
+    )
+    assert detectable_hazard_ratio(0, 1.0) is None and detectable_hazard_ratio(5, 0.0) is None

@@ -110,6 +110,22 @@ def smallest_detectable_hr(
     return None, curve
 
 
+def detectable_hazard_ratio(
+    events: int, covariate_sd: float, alpha: float = 0.05, power: float = 0.8
+) -> float | None:
+    """The smallest hazard ratio per unit of a continuous covariate that a Cox test
+    detects with ``power`` at two-sided ``alpha``, given ``events`` observed events
+    and the covariate's standard deviation (Hsieh & Lavori 2000, after Schoenfeld
+    1983): D = (z_{1-alpha/2} + z_power)^2 / (sd^2 log(HR)^2), solved for HR.
+    None without events or without spread of the covariate."""
+    from statistics import NormalDist
+
+    if events <= 0 or covariate_sd <= 0:
+        return None
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return math.exp(z / (covariate_sd * math.sqrt(events)))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--doses", default="0,0.5,1.2,2.5", help="dose of each cell")

@@ -58,7 +58,7 @@ def run_gap(rows: list[dict]) -> float:
 def run_table(runs: Iterable[dict[str, Any]]):
     """A DataFrame, one row per run. Each run dict: ``variant``, ``seed``, ``base``,
     ``moe`` (bool), ``r3`` (bool), ``summary`` (collapsed, collapse_step, steps),
-    ``rows`` (its metrics.jsonl rows)."""
+    and ``rows`` (its metrics.jsonl rows) or ``gap`` (its ``run_gap``, precomputed)."""
     import pandas as pd
 
     records = []
@@ -72,7 +72,9 @@ def run_table(runs: Iterable[dict[str, Any]]):
                 "base": run["base"],
                 "moe": int(run["moe"]),
                 "r3": int(run["r3"]),
-                "gap10": run_gap(run["rows"]) / GAP_UNIT if run["moe"] else 0.0,
+                "gap10": (run["gap"] if "gap" in run else run_gap(run["rows"])) / GAP_UNIT
+                if run["moe"]
+                else 0.0,
                 "time": float(s["collapse_step"] if collapsed else s["steps"]),
                 "event": int(collapsed),
             }
