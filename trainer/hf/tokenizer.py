@@ -52,6 +52,9 @@ class CheckpointTokenizer:
             raise FieldError([(SOURCE, f"tokenizer.json does not load: {exc}")]) from None
         tok_cfg = _read_json(folder / "tokenizer_config.json")
         model_cfg = _read_json(folder / "config.json")
+        # tokenizer_config.json's add_bos_token: false means prompts get no BOS even
+        # when the tokenizer has one (transformers honours it; absent = add it).
+        self.add_bos = tok_cfg.get("add_bos_token", True) is not False
         self._special_text = {
             name: _token_text(tok_cfg.get(f"{name}_token")) for name in ("bos", "eos")
         }
@@ -98,7 +101,7 @@ class CheckpointTokenizer:
         if bos and self._template is not None:
             text = self.render_prompt(text)
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if bos and self._template is None and self.bos_id is not None:
+        if bos and self._template is None and self.bos_id is not None and self.add_bos:
             ids.insert(0, self.bos_id)
         if eos:
             ids.append(self.eos_id)
@@ -137,7 +140,6 @@ def _compile_template(folder: Path, tok_cfg: dict[str, Any]):
     tokenizer_config.json's ``chat_template`` (a string, or named templates of
     which "default" is used), compiled like transformers does."""
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     source = None
     if (folder / "chat_template.jinja").exists():
@@ -153,17 +155,76 @@ def _compile_template(folder: Path, tok_cfg: dict[str, Any]):
             [("model.chat_template", f"{folder} has no chat template; turn chat_template off")]
         )
 
-    def raise_exception(message: str):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
+    env = chat_template_environment()
     try:
         return env.from_string(source)
     except TemplateError as exc:
         raise FieldError(
             [("model.chat_template", f"the chat template does not parse: {exc}")]
         ) from None
+
+
+def chat_template_environment():
+    """The sandboxed jinja2 environment transformers renders chat templates in
+    (``transformers.utils.chat_template_utils._cached_compile_jinja_template``):
+    trim_blocks, lstrip_blocks and loop controls; ``tojson`` without HTML
+    escaping (json.dumps, ensure_ascii=False); ``raise_exception``;
+    ``strftime_now`` (the current local time, as Llama 3.1's template dates its
+    system prompt); ``dict`` and an underscore-refusing ``namespace``."""
+    import json as _json
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return _json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"chat templates cannot store underscore-prefixed attributes ({name!r})"
+                )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env
 
 
 def checkpoint_tokenizer(cfg: ModelConfig) -> CheckpointTokenizer | None:
