@@ -35,9 +35,7 @@ def long_run(make_run):
 
 
 def test_run_chart_downsampled_keeps_the_spike(alice, long_run):
-    response = alice.get(
-        f"/runs/{long_run.pk}/chart", {"key": "mismatch/kl_k3", "max_points": 200}
-    )
+    response = alice.get(f"/runs/{long_run.pk}/chart", {"key": "mismatch/kl_k3", "max_points": 200})
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     body = response.json()
@@ -93,9 +91,7 @@ def test_json_download_skips_missing_keys_and_keeps_stored_nulls_as_gaps(alice, 
             {"step": 4, "reward/accuracy": 0.5},
         ]
     )
-    response = alice.get(
-        f"/runs/{run.pk}/chart", {"key": "reward/accuracy", "format": "json"}
-    )
+    response = alice.get(f"/runs/{run.pk}/chart", {"key": "reward/accuracy", "format": "json"})
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
     data = response.json()
@@ -135,9 +131,7 @@ def test_compare_chart_overlays_runs_and_marks_collapse(alice, make_run):
         records=records(40, reward__accuracy=lambda s: 0.4),
         summary={"collapsed": True, "collapse_step": 25, "collapse_reason": "accuracy fell"},
     )
-    response = alice.get(
-        "/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy"}
-    )
+    response = alice.get("/compare/chart", {"runs": f"{a.pk},{b.pk}", "key": "reward/accuracy"})
     traces = payload_traces(response)
     names = [t["name"] for t in traces]
     assert names[:2] == [f"#{a.pk} none s0", f"#{b.pk} none s1"]
@@ -169,9 +163,7 @@ def test_experiment_chart_mean_band_and_seed_lines(alice, make_run, experiment):
             variant="r3", seed=seed, records=records(30, reward__accuracy=lambda s, v=level: v)
         )
     make_run(variant="none", seed=0, records=records(30, reward__accuracy=lambda s: 0.1))
-    response = alice.get(
-        f"/experiments/{experiment.pk}/chart", {"key": "reward/accuracy"}
-    )
+    response = alice.get(f"/experiments/{experiment.pk}/chart", {"key": "reward/accuracy"})
     traces = payload_traces(response)
     roles = [(t["meta"]["variant"], t["meta"]["role"]) for t in traces]
     assert ("r3", "mean") in roles and ("none", "mean") in roles
@@ -206,9 +198,9 @@ def test_heatmap_bins_steps_and_keeps_distributions(alice, make_run):
     np.testing.assert_allclose(zoomed["z"][:, 0], load(10))
     empty = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 5}).json()
     assert "no data yet" in empty["figure"]["layout"]["annotations"][0]["text"]
-    shared = payload_traces(
-        alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "scale": "shared"})
-    )[0]
+    shared = payload_traces(alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "scale": "shared"}))[
+        0
+    ]
     assert shared["zmax"] == 1.0  # 4 experts: 4 x 25%
     bad = alice.get(f"/runs/{run.pk}/heatmap", {"layer": 1, "scale": "log"})
     assert bad.status_code == 400 and "scale" in bad.json()["errors"]
@@ -280,9 +272,7 @@ def test_compare_chart_group_answers_each_chart_like_the_single_chart_endpoint(
     body = response.json()
     assert body["running"] is True and list(body["charts"]) == keys
     for key in keys:
-        single = alice.get(
-            "/compare/chart", {"runs": runs, "key": key, "max_points": 200}
-        )
+        single = alice.get("/compare/chart", {"runs": runs, "key": key, "max_points": 200})
         assert body["charts"][key] == single.json()
     kl = body["charts"]["mismatch/kl_k3"]["figure"]["data"][0]
     assert len(plotly_array(kl["x"])) <= 200

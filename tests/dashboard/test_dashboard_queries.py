@@ -103,9 +103,7 @@ def test_experiment_page_and_chart_do_not_grow_with_runs(
         counts.append(
             (
                 _queries(alice, f"/experiments/{exp.pk}/", {}),
-                _queries(
-                    alice, f"/experiments/{exp.pk}/chart", {"key": "reward/accuracy"}
-                ),
+                _queries(alice, f"/experiments/{exp.pk}/chart", {"key": "reward/accuracy"}),
             )
         )
     assert counts[0] == counts[1]

@@ -66,9 +66,7 @@ def test_the_switch_includes_stopped_runs_censored_at_their_last_step(
     ).content.decode()
     row = next(csv.DictReader(io.StringIO(table)))
     assert row["runs"] == "3" and row["collapse_step"] == ">= 67"  # (80 + 90 + 31) / 3
-    survival = payload_traces(
-        alice.get("/stability/chart/survival", {"runs": ids, "stopped": "1"})
-    )
+    survival = payload_traces(alice.get("/stability/chart/survival", {"runs": ids, "stopped": "1"}))
     censored = next(t for t in survival if t["meta"]["role"] == "censored")
     assert censored["x"].tolist() == [31]
 

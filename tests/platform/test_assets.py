@@ -209,8 +209,7 @@ def test_a_finished_run_with_a_checkpoint_offers_the_export(user, experiment, tm
     client = Client()
     client.force_login(user)
     assert (
-        "Export as a Hugging Face checkpoint"
-        not in client.get(f"/runs/{run.pk}/").content.decode()
+        "Export as a Hugging Face checkpoint" not in client.get(f"/runs/{run.pk}/").content.decode()
     )  # queued: nothing to export yet
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"")

@@ -190,9 +190,7 @@ def test_non_ascii_or_huge_ids_never_500(api, browser, user, experiment, value):
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "1e20"])
 def test_inf_in_dashboard_integer_parameters_is_a_400(browser, user, experiment, value):
     run = submit_tiny_run(user, experiment)
-    chart = browser.get(
-        f"/runs/{run.pk}/chart", {"key": "reward/mean", "max_points": value}
-    )
+    chart = browser.get(f"/runs/{run.pk}/chart", {"key": "reward/mean", "max_points": value})
     assert chart.status_code == 400 and "max_points" in chart.json()["errors"]
     for params in ({"layer": value, "runs": str(run.pk)}, {"baseline": value, "runs": str(run.pk)}):
         assert browser.get("/compare/", params).status_code == 400

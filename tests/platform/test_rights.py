@@ -162,9 +162,7 @@ def test_run_form_refuses_a_priority_above_the_bound_inline(user, experiment, se
 def test_verdicts_pins_and_unpins_need_membership(user, other_user, staff_user, experiment):
     run = submit_tiny_run(user, experiment)
     outsider = _login(other_user)
-    assert (
-        outsider.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 403
-    )
+    assert outsider.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 403
     assert outsider.post(f"/runs/{run.pk}/pin").status_code == 403
     assert not Verdict.objects.exists() and not BaselinePin.objects.exists()
     # the owner pins; an outsider cannot unpin it
@@ -175,10 +173,7 @@ def test_verdicts_pins_and_unpins_need_membership(user, other_user, staff_user, 
     staff = _login(staff_user)
     assert staff.post(f"/runs/{run.pk}/verdict", {"label": "stable"}).status_code == 302
     share(experiment, other_user)
-    assert (
-        outsider.post(f"/runs/{run.pk}/verdict", {"label": "collapsed"}).status_code
-        == 302
-    )
+    assert outsider.post(f"/runs/{run.pk}/verdict", {"label": "collapsed"}).status_code == 302
     assert outsider.post(f"/experiments/{experiment.pk}/unpin").status_code == 302
     assert Verdict.objects.filter(run=run).count() == 2 and not BaselinePin.objects.exists()
 

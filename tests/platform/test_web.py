@@ -7,9 +7,9 @@ import json
 import pytest
 from django.test import Client
 
+from dashboard import schema_form
 from lab.runs import comments, lifecycle
 from lab.runs.models import Run
-from dashboard import schema_form
 
 
 @pytest.fixture

@@ -4,20 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0006_checkpoint_export'),
+        ("runs", "0006_checkpoint_export"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='origin',
-            field=models.CharField(choices=[('lab', 'Lab'), ('external', 'External')], default='lab', help_text="lab: trained by the lab's workers; external: trained elsewhere and logged to the lab (lab.tracking), so nothing here can cancel, requeue or export it.", max_length=16),
+            model_name="run",
+            name="origin",
+            field=models.CharField(
+                choices=[("lab", "Lab"), ("external", "External")],
+                default="lab",
+                help_text="lab: trained by the lab's workers; external: trained elsewhere and logged to the lab (lab.tracking), so nothing here can cancel, requeue or export it.",
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='source',
-            field=models.JSONField(blank=True, default=dict, help_text='Where an external run came from: {"client": "mlflow-python-client/3.1", "framework": "verl", "host": "10.0.0.7", "source_name": "main_ppo.py"}; empty for a lab run.'),
+            model_name="run",
+            name="source",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text='Where an external run came from: {"client": "mlflow-python-client/3.1", "framework": "verl", "host": "10.0.0.7", "source_name": "main_ppo.py"}; empty for a lab run.',
+            ),
         ),
     ]
