@@ -100,7 +100,8 @@ def test_register_a_dataset_and_its_field_errors(api, tmp_path):
     assert "0 usable rows of 400" in _errors(post(verifier="choice"))["answer_field"][0]
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{oops\n")
-    assert "does not parse" in _errors(post(path=str(broken)))["path"][0]
+    assert "no row could be read" in _errors(post(path=str(broken)))["path"][0]
+    assert "line 1: not valid JSON" in _errors(post(path=str(broken)))["path"][0]
     assert RegisteredDataset.objects.count() == 1
 
 

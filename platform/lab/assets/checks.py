@@ -81,7 +81,7 @@ def inspect_dataset(
 ) -> DatasetFacts:
     """The file exists and parses, its rows have the named fields, and at least two
     rows are usable problems for ``verifier``."""
-    from trainer.tasks.text_data import build_problems, read_rows, resolve_data_file
+    from trainer.tasks.text_data import build_problems, read_table, resolve_data_file
     from trainer.tasks.verifiers import make_verifier
 
     try:
@@ -98,9 +98,22 @@ def inspect_dataset(
         check_prompt_template("prompt_template", prompt_template)
     file = resolve_data_file(path, "path")
     try:
-        rows = read_rows(file, "path")
+        read = read_table(file, "path")
     except UnicodeDecodeError as exc:  # the reader's word for a non-UTF-8 row
         raise not_utf8_error("path", file, exc) from None
+    rows = read.rows
+    if not rows and read.skipped:
+        # Unreadable lines are skipped and counted; a file with nothing else is refused.
+        line, why = read.skipped[0]
+        raise FieldError(
+            [
+                (
+                    "path",
+                    f"{file}: no row could be read ({len(read.skipped)} line(s) skipped; "
+                    f"line {line}: {why})",
+                )
+            ]
+        )
     columns = sorted({key for row in rows for key, value in row.items() if value is not None})
     known = f"the file's fields: {', '.join(columns) or 'none'}"
     if prompt_template:
