@@ -105,7 +105,7 @@ def test_submit_builtin_study_queues_every_variant_and_seed(admin):
 
 
 @pytest.mark.parametrize(("study", "runs", "variant"), [("dose", 60, "moe-grpo-r3-fp8"),
-                                                      ("fixes", 65, "moe-grpo-icepop")])  # fmt: skip
+                                                      ("fixes", 70, "moe-grpo-icepop")])  # fmt: skip
 def test_submit_dose_and_fixes_studies_as_sweeps(admin, study, runs, variant):
     out = _submit("--study", study, "--force")
     assert f"{runs} runs queued" in out and Run.objects.count() == runs
