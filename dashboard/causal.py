@@ -53,9 +53,17 @@ def effects(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     from trainer.analysis.power import detectable_hazard_ratio
     from trainer.analysis.survival import architecture_model, dose_model, run_table
 
+    from lifelines.exceptions import ConvergenceError
+
     frame = run_table(records)
-    dose = dose_model(frame)
-    arch = architecture_model(frame)
+    try:
+        dose = dose_model(frame)
+    except (ConvergenceError, ValueError, ArithmeticError):
+        dose = None  # no finite fit (e.g. complete separation): shown as not estimable
+    try:
+        arch = architecture_model(frame)
+    except (ConvergenceError, ValueError, ArithmeticError):
+        arch = None
     raw = {
         "H1": dose and dose["gap"]["p"],
         "H2": dose and dose.get("r3_interaction", {}).get("p"),

@@ -82,6 +82,11 @@ def run_table(runs: Iterable[dict[str, Any]]):
     return pd.DataFrame.from_records(records)
 
 
+def _exp(x: float) -> float:
+    """exp that gives inf for a diverged coefficient (complete separation) instead of raising."""
+    return math.exp(x) if x < 700 else float("inf")
+
+
 def _effect(fitter, term: str, combine: tuple[str, ...] = ()) -> dict[str, float]:
     """Hazard ratio with its 95% interval and Wald p for ``term`` (or the sum of
     ``term`` and ``combine``: exp(b1 + b2) with the covariance of the two)."""
@@ -98,9 +103,9 @@ def _effect(fitter, term: str, combine: tuple[str, ...] = ()) -> dict[str, float
     return {
         "coef": coef,
         "se": se,
-        "hr": math.exp(coef),
-        "hr_low": math.exp(coef - 1.959964 * se),
-        "hr_high": math.exp(coef + 1.959964 * se),
+        "hr": _exp(coef),
+        "hr_low": _exp(coef - 1.959964 * se),
+        "hr_high": _exp(coef + 1.959964 * se),
         "p": p,
     }
 
