@@ -49,11 +49,11 @@ def _hr(effect: dict[str, float] | None) -> str:
 
 def effects(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Cox effects with Holm-adjusted p-values, exact bounds and the power statement."""
+    from lifelines.exceptions import ConvergenceError
+
     from trainer.analysis.intervals import holm
     from trainer.analysis.power import detectable_hazard_ratio
     from trainer.analysis.survival import architecture_model, dose_model, run_table
-
-    from lifelines.exceptions import ConvergenceError
 
     frame = run_table(records)
     try:
