@@ -12,6 +12,9 @@ from drf_spectacular.views import SpectacularAPIView
 
 
 class OpenApiView(SpectacularAPIView):
+    # The schema document is not an endpoint of the schema (as drf-spectacular's own view).
+    schema = None
+
     def get(self, request, *args, **kwargs):
         response = super().get(request, *args, **kwargs)
         accept = request.META.get("HTTP_ACCEPT", "")
