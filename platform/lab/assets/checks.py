@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from lab.assets.prompt_cost import check_prompt_template
 from lab.assets.text_files import not_utf8_error
 from trainer.config import ModelConfig, TextTaskConfig
@@ -92,6 +94,10 @@ def inspect_dataset(
             prompt_template=prompt_template or None,
             verifier=verifier,
         )
+    except ValidationError as exc:  # the field the schema names (prompt_template, verifier, ...)
+        raise FieldError(
+            [(".".join(str(p) for p in e["loc"]) or "verifier", e["msg"]) for e in exc.errors()]
+        ) from None
     except ValueError as exc:
         raise FieldError([("verifier", str(exc))]) from None
     if prompt_template:
