@@ -121,3 +121,9 @@ def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """``read_metrics_jsonl`` of RUN_DIR/metrics.jsonl."""
     return read_metrics_jsonl(Path(run_dir) / METRICS_FILE)
+
+
+def run_succeeded(run_dir: Path) -> bool:
+    """True when the run folder's summary says it finished (a study does not rerun it)."""
+    path = run_dir / SUMMARY_FILE
+    return path.exists() and json.loads(path.read_text()).get("status") == "succeeded"

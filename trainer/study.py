@@ -43,7 +43,7 @@ from trainer.collapse import CollapseSummary, rejudge_collapse, summarize_collap
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.errors import FieldError
 from trainer.presets import preset_dict
-from trainer.run_files import SUMMARY_FILE, read_metrics
+from trainer.run_files import SUMMARY_FILE, read_metrics, run_succeeded
 from trainer.validation import validate_config
 
 # Every definition shipped in trainer/studies/ is a built-in study, by its file name.
@@ -199,11 +199,6 @@ def _run_one(args: tuple[dict, str]) -> str:
     return run_dir
 
 
-def _finished(run_dir: Path) -> bool:
-    path = run_dir / SUMMARY_FILE
-    return path.exists() and json.loads(path.read_text()).get("status") == "succeeded"
-
-
 def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     jobs = []
@@ -212,7 +207,7 @@ def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[
     for seed in study.seeds:
         for variant in study.variants:
             run_dir = out / variant.name / f"seed{seed}"
-            if not _finished(run_dir):
+            if not run_succeeded(run_dir):
                 cfg = study.config_for(variant, seed, [*extra, "run.threads=1"])
                 jobs.append((cfg.to_dict(), str(run_dir)))
     t0 = time.perf_counter()
@@ -285,7 +280,7 @@ def collect_results(study: StudyDefinition, out: Path) -> dict[str, Any]:
         seeds = []
         for seed in study.seeds:
             run_dir = out / variant.name / f"seed{seed}"
-            if not _finished(run_dir):  # a run stopped part-way is not a seed (it resumes)
+            if not run_succeeded(run_dir):  # a run stopped part-way is not a seed (it resumes)
                 continue
             summary = json.loads((run_dir / SUMMARY_FILE).read_text())
             rows = read_metrics(run_dir)

@@ -27,6 +27,7 @@ from typing import Any
 from trainer import metric_keys as K
 from trainer.analysis.intervals import bca_interval, holm, t_interval
 from trainer.analysis.survival import (
+    GAP_UNIT,
     architecture_model,
     dose_model,
     lead_lag_model,
@@ -34,15 +35,10 @@ from trainer.analysis.survival import (
     run_table,
 )
 from trainer.collapse import rejudge_collapse
-from trainer.run_files import SUMMARY_FILE, read_metrics
+from trainer.run_files import SUMMARY_FILE, read_metrics, run_succeeded
 
 ALPHA = 0.05
 START_STEPS = 10  # "at the start": the mean over a run's first steps
-
-
-def _finished(run_dir: Path) -> bool:
-    path = run_dir / SUMMARY_FILE
-    return path.exists() and json.loads(path.read_text()).get("status") == "succeeded"
 
 
 def load_runs(study, out: Path) -> list[dict[str, Any]]:
@@ -52,7 +48,7 @@ def load_runs(study, out: Path) -> list[dict[str, Any]]:
     for variant in study.variants:
         for seed in study.seeds:
             run_dir = out / variant.name / f"seed{seed}"
-            if not _finished(run_dir):
+            if not run_succeeded(run_dir):
                 continue
             cfg = study.config_for(variant, seed)
             rows = read_metrics(run_dir)
@@ -146,7 +142,7 @@ def learning_slope(runs: list[dict[str, Any]]) -> dict[str, float] | None:
     for run in runs:
         points = _eval_points(run["rows"])
         if len(points) >= 2:
-            xs.append(run_gap(run["rows"]) / 0.1)
+            xs.append(run_gap(run["rows"]) / GAP_UNIT)
             ys.append(points[-1] - points[0])
     if len(xs) < 3 or len(set(xs)) < 2:
         return None
@@ -332,7 +328,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_interval(c['heldout_change_bca'])} | {c['improved']}/{c['runs']} |"
         )
     dose, arch, ll = report["dose_model"], report["architecture_model"], report["lead_lag_model"]
-    raw, adj = report["p_raw"], report["p_holm"]
+    adj = report["p_holm"]
     lines += [
         "",
         "| pre-registered test | hazard ratio [95% CI], Wald p | Holm-adjusted p |",
@@ -352,7 +348,6 @@ def markdown(report: dict[str, Any]) -> str:
             f"decade of lagged k3 {_hr(ll['k3_per_decade'])}; per 10 points of lagged routing "
             f"gap {_hr(ll['routing_per_10pct'])}.",
         ]
-    del raw
     pooled, slope = report["dosed_moe_pooled"], report["learning_slope"]
     bounds = ", ".join(
         f"{name} {100 * c['collapse_rate_upper95']:.0f}%"
