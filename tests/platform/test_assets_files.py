@@ -175,57 +175,81 @@ def test_first_undecodable_line_counts_lines_across_chunks(tmp_path, monkeypatch
     assert first_undecodable_line(path) is None
 
 
-def test_a_non_utf8_dataset_is_a_400_at_registration(api, latin1_file):
-    api.raise_request_exception = False
+def test_a_non_utf8_line_is_skipped_and_counted_at_registration(api, latin1_file):
     response = api.post("/api/datasets", {"name": "d", "path": str(latin1_file)}, format="json")
-    assert response.status_code == 400, response.content[:300]
-    assert "line 3 is not UTF-8" in response.json()["errors"]["path"][0]
-    assert RegisteredDataset.objects.count() == 0
+    assert response.status_code == 201, response.content[:300]
+    body = response.json()
+    assert (body["rows"], body["problems"]) == (3, 2)
+    assert body["skipped"] == {"not UTF-8 text": {"count": 1, "lines": [3]}}
+    assert RegisteredDataset.objects.get().skipped == body["skipped"]
 
 
-def test_a_non_utf8_data_file_is_a_400_on_runs_and_experiments(api, experiment, latin1_file):
+@pytest.fixture
+def unreadable_file(tmp_path) -> Path:
+    path = tmp_path / "unreadable.jsonl"
+    path.write_bytes(b'{"question": "\xff", "answer": "#### 1"}\n' * 3)
+    return path
+
+
+def test_a_file_with_no_readable_line_is_a_400_everywhere(api, experiment, unreadable_file):
     api.raise_request_exception = False
-    task = {"task": {"name": "text", "data_file": str(latin1_file)}}
+    registered = api.post(
+        "/api/datasets", {"name": "d", "path": str(unreadable_file)}, format="json"
+    )
+    assert registered.status_code == 400, registered.content[:300]
+    assert "no row could be read" in registered.json()["errors"]["path"][0]
+    assert "line 1: not UTF-8" in registered.json()["errors"]["path"][0]
+    task = {"task": {"name": "text", "data_file": str(unreadable_file)}}
     run = api.post(
         "/api/runs",
         {"experiment": experiment.pk, "preset": "moe-grpo", "overrides": task},
         format="json",
     )
     assert run.status_code == 400, run.content[:300]
-    assert "line 3 is not UTF-8" in run.json()["errors"]["config.task.data_file"][0]
-    evals = api.post(
-        "/api/runs",
-        {
-            "experiment": experiment.pk,
-            "preset": "text-grpo",
-            "overrides": {"task.eval_file": str(latin1_file)},
-        },
-        format="json",
-    )
-    assert "line 3" in evals.json()["errors"]["config.task.eval_file"][0]
+    assert "not UTF-8" in run.json()["errors"]["config.task.data_file"][0]
     made = api.post(
         "/api/experiments", {"name": "x", "preset": "moe-grpo", "overrides": task}, format="json"
     )
     assert made.status_code == 400, made.content[:300]
     assert "not UTF-8" in made.json()["errors"]["config.task.data_file"][0]
     assert Run.objects.count() == 0 and Experiment.objects.count() == 1
+    assert RegisteredDataset.objects.count() == 0
 
 
-def test_a_non_utf8_file_is_an_inline_error_in_the_forms(user, experiment, latin1_file):
+def test_a_run_on_a_file_with_a_non_utf8_line_is_accepted(api, experiment, latin1_file):
+    task = {"task": {"name": "text", "data_file": str(latin1_file)}}
+    run = api.post(
+        "/api/runs",
+        {"experiment": experiment.pk, "preset": "moe-grpo", "overrides": task},
+        format="json",
+    )
+    assert run.status_code == 201, run.content[:300]
+    assert run.json()["config"]["task"]["data_file"] == str(latin1_file)
+
+
+def test_an_unreadable_file_is_an_inline_error_in_the_forms(user, experiment, unreadable_file):
     client = Client(raise_request_exception=False)
     client.force_login(user)
-    config = {"task": {"name": "text", "data_file": str(latin1_file)}, "run": {"steps": 2}}
+    config = {"task": {"name": "text", "data_file": str(unreadable_file)}, "run": {"steps": 2}}
     page = client.post(
         f"/experiments/{experiment.pk}/runs/new",
         {"mode": "json", "config_json": json.dumps(config), "queue": "cpu", "priority": "0"},
     )
-    assert page.status_code == 200 and "line 3 is not UTF-8" in page.content.decode()
+    assert page.status_code == 200 and "not UTF-8" in page.content.decode()
     assets = client.post(
         "/assets/",
-        {"kind": "dataset", "name": "d", "path": str(latin1_file), "verifier": "numeric"},
+        {"kind": "dataset", "name": "d", "path": str(unreadable_file), "verifier": "numeric"},
     )
-    assert assets.status_code == 200 and "line 3 is not UTF-8" in assets.content.decode()
+    assert assets.status_code == 200 and "no row could be read" in assets.content.decode()
     assert Run.objects.count() == 0 and RegisteredDataset.objects.count() == 0
+
+
+def test_the_assets_page_shows_skipped_lines(user, api, latin1_file):
+    api.post("/api/datasets", {"name": "d", "path": str(latin1_file)}, format="json")
+    client = Client()
+    client.force_login(user)
+    page = client.get("/assets/").content.decode()
+    assert "1 skipped: not UTF-8 text (line 3)" in page
 
 
 # ----------------------------------------------------------------- submission

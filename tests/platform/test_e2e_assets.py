@@ -82,9 +82,16 @@ def test_registered_checkpoint_and_dataset_train_through_the_queue_and_export(st
              "dataset": "word-problems", "overrides": RUN_OVERRIDES, "queue": stack.queue},
         )  # fmt: skip
 
-    # The worker cannot see this checkpoint any more: the run fails with the reason.
-    shutil.rmtree(gone)
+    # The checkpoint goes away after submission: the worker cannot see it, and the run
+    # fails with the reason. A new submission naming it is refused on the field.
     lost = submit("moved")
+    shutil.rmtree(gone)
+    refused = _error(
+        stack, "POST", "/api/runs",
+        {"experiment": exp["id"], "preset": "text-grpo", "model": "moved",
+         "dataset": "word-problems", "overrides": RUN_OVERRIDES, "queue": stack.queue},
+    )  # fmt: skip
+    assert "is not a folder" in refused["config.model.source"][0]
     run = submit("qwen3-moe-tiny")
     assert run["config"]["model"]["family"] == "qwen3_moe"
     assert run["config"]["task"]["data_file"] == data_file

@@ -109,8 +109,8 @@ def _read_jsonl(file: Path, path: str) -> RowsRead:
         for number, raw in enumerate(handle, start=1):
             try:
                 text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                out.skipped.append((number, f"not UTF-8 (byte {exc.start})"))
+            except UnicodeDecodeError:
+                out.skipped.append((number, "not UTF-8 text"))
                 continue
             if not text.strip():
                 continue

@@ -42,5 +42,5 @@ class RegisteredDatasetSerializer(serializers.ModelSerializer):
         model = RegisteredDataset
         fields = [
             "id", "name", "path", "prompt_field", "prompt_template", "answer_field",
-            "verifier", "rows", "problems", "description", "owner", "created_at",
+            "verifier", "rows", "problems", "skipped", "description", "owner", "created_at",
         ]  # fmt: skip

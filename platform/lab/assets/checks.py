@@ -6,7 +6,7 @@ naming the form/API field: ``path``, ``prompt_field``, ``prompt_template`` or
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ class DatasetFacts:
     rows: int
     problems: int
     bad_rows: dict[str, int]
+    # reason -> {"count": n, "lines": the first line numbers}: rows skipped, not refused
+    skipped: dict[str, dict] = field(default_factory=dict)
 
 
 def _as_field(exc: FieldError, field: str, prefix: str = "") -> FieldError:
@@ -134,14 +136,20 @@ def inspect_dataset(
         raise FieldError([("prompt_field", f"no row has a field {prompt_field!r}; {known}")])
     if answer_field not in columns:
         raise FieldError([("answer_field", f"no row has a field {answer_field!r}; {known}")])
-    table = build_problems(rows, task, make_verifier(verifier, task.tolerance, task.choice_labels))
+    table = build_problems(read, task, make_verifier(verifier, task.tolerance, task.choice_labels))
     if len(table.problems) < 2:
         reasons = ", ".join(f"{n} x {why}" for why, n in table.bad_rows.most_common(3))
         raise FieldError(
             [("answer_field", f"{len(table.problems)} usable rows of {table.rows} ({reasons})")]
         )
     return DatasetFacts(
-        rows=table.rows, problems=len(table.problems), bad_rows=dict(table.bad_rows)
+        rows=table.rows,
+        problems=len(table.problems),
+        bad_rows=dict(table.bad_rows),
+        skipped={
+            why: {"count": n, "lines": table.bad_lines.get(why, [])}
+            for why, n in table.bad_rows.most_common(20)
+        },
     )
 
 

@@ -53,6 +53,11 @@ class RegisteredDataset(models.Model):
     verifier = models.CharField(max_length=16, choices=Verifier.choices, default=Verifier.NUMERIC)
     rows = models.IntegerField(help_text="Rows in the file when registered.")
     problems = models.IntegerField(help_text="Usable rows (the rest are counted as bad).")
+    skipped = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Rows skipped when registered: reason -> {count, lines (the first few)}.",
+    )
     description = models.TextField(blank=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="registered_datasets"

@@ -102,6 +102,7 @@ def register_dataset(
         verifier=verifier,
         rows=facts.rows,
         problems=facts.problems,
+        skipped=facts.skipped,
         description=description,
         owner=owner,
     )

@@ -12,6 +12,7 @@ the reconciler take over.
 from __future__ import annotations
 
 from celery import shared_task
+from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
@@ -32,6 +33,12 @@ def claim_retry_delay(retries: int) -> int:
 )
 def execute_run(self, run_id: int) -> str:
     host = self.request.hostname or "worker"
+    if supervisor.SHUTDOWN.is_set():
+        # A worker in warm shutdown can still be handed a message (the filesystem
+        # transport's consumer polls until the pool stops), often the very run it
+        # just gave back. Claiming would spend a fencing number on a trainer that
+        # stops at once; the message goes back to the broker for the next worker.
+        raise Reject("worker shutting down", requeue=True)
     try:
         claim = supervisor.claim_for_wake_up(int(run_id), worker_host=host)
     except DatabaseError as exc:
