@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('assets', '0001_initial'),
+        ("assets", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='registereddataset',
-            name='skipped',
-            field=models.JSONField(blank=True, default=dict, help_text='Rows skipped when registered: reason -> {count, lines (the first few)}.'),
+            model_name="registereddataset",
+            name="skipped",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Rows skipped when registered: reason -> {count, lines (the first few)}.",
+            ),
         ),
     ]
