@@ -76,6 +76,20 @@ def test_a_checkpoint_gone_meanwhile_fails_the_export_with_the_reason(user, fini
     assert "has no checkpoint" in export.error
 
 
+def test_an_export_asked_again_after_a_failure_replaces_what_the_failure_left(user, finished_run):
+    first = exports.request_export(finished_run, user=user)
+    folder = Path(first.out_dir)
+    folder.mkdir(parents=True)
+    (folder / "model-00001-of-00009.safetensors").write_bytes(b"a stale shard")
+    exports.claim_export(first.pk)
+    exports.finish_export(first, "the worker was lost")
+    second = exports.request_export(finished_run, user=user)
+    assert second.pk != first.pk and second.out_dir == first.out_dir
+    assert exports.run_export(second.pk) == ExportStatus.SUCCEEDED
+    assert not (folder / "model-00001-of-00009.safetensors").exists()
+    assert (folder / "config.json").exists()
+
+
 def test_the_export_dtypes_the_platform_offers_are_the_exporters():
     """lab.runs.exports keeps the names (the web process loads no torch); the
     exporter's table is the truth."""

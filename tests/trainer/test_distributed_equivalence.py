@@ -10,9 +10,12 @@ Tolerance: the ranks sum their shares of every loss in another order than one
 process sums the whole batch, and the gradient all-reduce adds fp32 partial sums;
 that moves gradients by a few ulps (~1e-7 relative). Adam divides by
 sqrt(v) + eps, so a gradient element near eps (1e-8) turns that into a larger
-change of its step, and four minibatch steps compound it: parameters agree to
-ATOL = 1e-5, 1% of one lr-sized Adam step (lr 1e-3), measured up to 6e-6 on the
-imported model. Losses and metrics agree to RTOL = 1e-5. Both are far below
+change of its step, and four minibatch steps compound it. So every parameter
+element agrees to ATOL = 5e-5, 5% of one lr-sized Adam step (lr 1e-3), and each
+tensor's mean absolute difference to MEAN_ATOL = 1e-6, which a systematic
+difference would exceed. Measured: up to 6e-6 on one machine; 1.6e-5 on another
+(2 of the 16,384 elements of an imported model's expert up-projection, whose
+gradients cancel to near zero). Losses and metrics agree to RTOL = 1e-5. Both are far below
 the difference a per-rank (instead of global) loss normalisation makes (~1e-2
 relative on the policy loss), which this test catches.
 
@@ -39,7 +42,8 @@ from trainer.precision import cast_parameters
 from trainer.rollout_data import RolloutData
 from trainer.update import PolicyUpdater, measure_batch
 
-ATOL = 1e-5
+ATOL = 5e-5
+MEAN_ATOL = 1e-6
 RTOL = 1e-5
 PROMPTS, GROUP, PROMPT_LEN, RESPONSE_LEN = 4, 2, 5, 7
 TINY_MOE = {"n_layers": 2, "d_model": 32, "n_heads": 4, "n_experts": 8, "top_k": 2,
@@ -159,11 +163,10 @@ def _compare(one: dict, two: dict) -> None:
         if isinstance(value, list | float):
             assert m2[key] == pytest.approx(value, rel=RTOL, abs=1e-6), key
     assert set(one["state"]) == set(two["state"])
-    moved = 0.0
     for name, p1 in one["state"].items():
-        torch.testing.assert_close(two["state"][name], p1, atol=ATOL, rtol=0, msg=name)
-        moved = max(moved, float((p1 - two["state"][name]).abs().max()))
-    assert moved <= ATOL
+        diff = (p1.float() - two["state"][name].float()).abs()
+        assert float(diff.max()) <= ATOL, (name, float(diff.max()))
+        assert float(diff.mean()) <= MEAN_ATOL, (name, float(diff.mean()))
 
 
 def _run_pair(

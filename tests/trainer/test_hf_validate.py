@@ -68,6 +68,7 @@ def test_a_missing_shard(sharded, tmp_path):
         (lambda b: b[:8] + b"\xff" * 40 + b[48:], "not valid JSON"),
         (lambda b: b[:8] + b[8:].replace(b'"F32"', b'"F99"', 1), "unknown dtype"),
         (lambda b: b[:8] + b[8:].replace(b'"shape":[', b'"shape":[7,', 1), "byte range"),
+        (lambda b: b + b"\0" * 16, "16 bytes after the last tensor"),
     ],
 )
 def test_a_broken_safetensors_file(sharded, tmp_path, damage, said):
@@ -76,6 +77,25 @@ def test_a_broken_safetensors_file(sharded, tmp_path, damage, said):
     shard.write_bytes(damage(shard.read_bytes()))
     message = _messages(folder)
     assert shard.name in message and said in message, message
+
+
+@pytest.mark.parametrize(
+    ("ranges", "said"),
+    [
+        ([(0, 8, "a"), (12, 20, "b")], "leaves a gap at byte 8"),
+        ([(0, 8, "a"), (4, 20, "b")], "overlaps"),
+        ([(4, 20, "b")], "leaves a gap at byte 0"),
+    ],
+)
+def test_tensors_must_tile_the_data_section(ranges, said):
+    from trainer.hf.validate import _check_coverage
+
+    def bad(problem):
+        return ValueError(problem)
+
+    with pytest.raises(ValueError, match=said):
+        _check_coverage(ranges, 20, bad)
+    _check_coverage([(8, 20, "b"), (0, 8, "a")], 20, bad)  # order in the header is free
 
 
 def test_config_that_disagrees_with_the_weights(tmp_path):

@@ -36,7 +36,7 @@ def test_unreadable_lines_are_skipped_with_their_line_numbers(tmp_path):
     table = _table(lines, tmp_path)
     assert len(table.problems) == 5 and table.rows == 8 and table.n_bad == 3
     by_reason = {why.split(" (")[0]: lines for why, lines in table.bad_lines.items()}
-    assert by_reason == {"not UTF-8": [3], "not valid JSON": [5], "not a JSON object": [7]}
+    assert by_reason == {"not UTF-8 text": [3], "not valid JSON": [5], "not a JSON object": [7]}
 
 
 def test_a_broken_row_far_into_the_file_is_reported_at_its_line(tmp_path):

@@ -78,6 +78,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, Shape]]:
         raise bad("header is not a JSON object")
     data_bytes = size - 8 - n
     out: dict[str, tuple[str, Shape]] = {}
+    ranges: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -99,7 +100,23 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, Shape]]:
                 "(the file is truncated)"
             )
         out[name] = (dtype, shape)
+        ranges.append((start, end, name))
+    _check_coverage(ranges, data_bytes, bad)
     return out
+
+
+def _check_coverage(ranges: list[tuple[int, int, str]], data_bytes: int, bad) -> None:
+    """The tensors tile the data section exactly, as the safetensors format requires
+    (its loader refuses gaps, overlaps and trailing bytes): sorted by start, each
+    begins where the previous ended and the last ends at the end of the file."""
+    at = 0
+    for start, end, name in sorted(ranges):
+        if start != at:
+            where = "overlaps the tensor before it" if start < at else f"leaves a gap at byte {at}"
+            raise bad(f"tensor {name!r} starts at byte {start}: it {where}")
+        at = end
+    if at != data_bytes:
+        raise bad(f"{data_bytes - at} bytes after the last tensor (trailing data)")
 
 
 def checkpoint_headers(folder: Path) -> dict[str, Shape]:

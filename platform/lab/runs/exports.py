@@ -105,7 +105,13 @@ def run_export(export_id: int) -> str:
     if export is None:
         return "skipped"
     try:
-        export_run(Path(export.run.run_dir), export.step, Path(export.out_dir), export.dtype)
+        # The folder is the lab's own (RUN_DIR/exports/step<N>-<dtype>, one live
+        # export per run, step and dtype): an earlier failed export of the same
+        # step may have left it, so it is replaced as a whole, never refused.
+        export_run(
+            Path(export.run.run_dir), export.step, Path(export.out_dir), export.dtype,
+            replace=True,
+        )  # fmt: skip
     except FieldError as exc:  # the checkpoint moved on or the folder is not a run
         finish_export(export, str(exc))
         return ExportStatus.FAILED
