@@ -750,7 +750,14 @@ class StabilizersConfig(Section):
 
 # --------------------------------------------------------------------------- optim
 class OptimConfig(Section):
-    lr: float = Field(1e-4, gt=0, le=1.0, description="Peak learning rate (AdamW).")
+    lr: float = Field(
+        1e-4,
+        ge=0,
+        le=1.0,
+        description="Peak learning rate (AdamW). 0 makes a null run: the policy never moves, "
+        "so its batch accuracy is sampling noise around the base's (the collapse detector's "
+        "false-positive runs).",
+    )
     lr_min: float = Field(3e-5, ge=0, le=1.0, description="Learning rate at the end of cosine.")
     lr_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="Warmup then cosine decay to lr_min, or constant."

@@ -19,6 +19,13 @@ def test_constant_schedule_keeps_warmup():
     assert [lr_at(s, 10, cfg) for s in (0, 3, 4, 9)] == pytest.approx([0.125, 0.5, 0.5, 0.5])
 
 
+def test_a_null_run_has_lr_zero_at_every_step_and_a_negative_lr_is_refused():
+    cfg = OptimConfig(lr=0.0, lr_min=0.0)
+    assert {lr_at(step, 150, cfg) for step in range(150)} == {0.0}
+    with pytest.raises(ValueError, match="lr"):
+        OptimConfig(lr=-1e-4)
+
+
 def test_batch_ramp():
     rollout = RolloutConfig(prompts_per_step=16)
     optim = OptimConfig(batch_ramp_start=4, batch_ramp_steps=4)
