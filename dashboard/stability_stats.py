@@ -1,5 +1,5 @@
 """The stability review's statistics: log-rank tests, median time-to-collapse with its
-confidence interval, bootstrap intervals, and the dose-response layout of a sweep.
+confidence interval, BCa intervals, and the dose-response layout of a sweep.
 
 The formulas live in ``trainer/survival_stats.py`` (one place, hand-checked
 tests); this module only arranges a review's variants for them. The reference
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboard.stability import KL_SCALE, StabilityRow
-from trainer.survival_stats import bootstrap_mean_ci, log_rank, median_survival
+from trainer.analysis.intervals import mean_ci
+from trainer.survival_stats import log_rank, median_survival
 
 REFERENCE_VARIANT = "moe-grpo"
 DOSE_LEVELS = ("fp32", "fp16", "bf16", "fp8")  # rollout precision, no gap -> largest gap
@@ -66,7 +67,7 @@ def _median_label(times: list[int], events: list[bool]) -> str:
 
 
 def _ci_label(values: list[float], scale: float, digits: int) -> str:
-    ci = bootstrap_mean_ci([v * scale for v in values if math.isfinite(v)])
+    ci = mean_ci([v * scale for v in values if math.isfinite(v)])
     if ci is None:
         return MISSING
     mean, low, high = ci

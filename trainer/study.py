@@ -343,13 +343,9 @@ def _times_events(seeds: list[dict]) -> tuple[list[int], list[bool]]:
 
 def study_statistics(study: StudyDefinition, results: dict[str, Any], out: Path) -> dict[str, Any]:
     """Survival per variant, log-rank vs the reference, CIs, lead-lag, dose-response."""
+    from trainer.analysis.intervals import mean_ci
     from trainer.lead_lag import lead_lag_table
-    from trainer.survival_stats import (
-        bootstrap_mean_ci,
-        kaplan_meier,
-        log_rank,
-        median_survival,
-    )
+    from trainer.survival_stats import kaplan_meier, log_rank, median_survival
 
     reference = _reference(study)
     ref_t, ref_e = _times_events(results["variants"].get(reference, {}).get("seeds", []))
@@ -371,14 +367,12 @@ def study_statistics(study: StudyDefinition, results: dict[str, Any], out: Path)
             "median_high": median.high,
             "logrank_chi2": None if test is None else test.chi2,
             "logrank_p": None if test is None else test.p_value,
-            "kl_k3_ci": bootstrap_mean_ci([s["kl_k3"] for s in seeds]),
-            "kl_k3_median_ci": bootstrap_mean_ci([s.get("kl_k3_median") for s in seeds]),
+            "kl_k3_ci": mean_ci([s["kl_k3"] for s in seeds]),
+            "kl_k3_median_ci": mean_ci([s.get("kl_k3_median") for s in seeds]),
             "kl_k3_spikes_per_100": _spike_rate(seeds),
-            "routing_ci": bootstrap_mean_ci([s["routing"] for s in seeds]),
-            "final_accuracy_ci": bootstrap_mean_ci(
-                [s["summary"].get("final_accuracy") for s in seeds]
-            ),
-            "step_s_ci": bootstrap_mean_ci([s["step_s"] for s in seeds]),
+            "routing_ci": mean_ci([s["routing"] for s in seeds]),
+            "final_accuracy_ci": mean_ci([s["summary"].get("final_accuracy") for s in seeds]),
+            "step_s_ci": mean_ci([s["step_s"] for s in seeds]),
         }
     runs = []
     for name, data in results["variants"].items():
@@ -409,7 +403,7 @@ def _spike_rate(seeds: list[dict]) -> float | None:
 
 
 def dose_response(study: StudyDefinition, per_variant: dict[str, Any]) -> dict[str, Any] | None:
-    """Per arm and level: collapsed / runs and the mean k3 with its bootstrap CI."""
+    """Per arm and level: collapsed / runs and the mean k3 with its 95% CI (BCa)."""
     if not study.dose:
         return None
     levels, arms = study.dose["levels"], study.dose["arms"]
@@ -499,7 +493,7 @@ def _median_cell(stats: dict[str, Any]) -> str:
 
 
 def statistics_table(results: dict[str, Any]) -> str:
-    """Survival, log-rank and bootstrap CIs per variant (markdown)."""
+    """Survival, log-rank and 95% CIs (BCa) per variant (markdown)."""
     st = results["statistics"]
     head = (
         f"| variant | collapsed | median time-to-collapse [95% CI] | log-rank p vs "
@@ -520,7 +514,7 @@ def statistics_table(results: dict[str, Any]) -> str:
 
 def kl_table(results: dict[str, Any]) -> str:
     """The KL gap per variant: the mean over runs of each run's mean and median
-    per-step k3 (bootstrap 95% CIs over runs) and k3 spikes per 100 steps."""
+    per-step k3 (95% BCa CIs over runs) and k3 spikes per 100 steps."""
     head = (
         "| variant | runs | mean k3 x1e-3 [95% CI] | median k3 x1e-3 [95% CI] | "
         f"spikes (> {K3_SPIKE_FACTOR:g}x the run's median) per 100 steps |"

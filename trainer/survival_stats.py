@@ -22,15 +22,14 @@ long). Formulas:
   transform): all t where |S(t) - 0.5| <= z se(S(t)); the lower end is the
   first t with S(t) <= 0.5 + z se, the upper end the first t with
   S(t) < 0.5 - z se (None: not reached, the interval is open above).
-* Bootstrap percentile interval of a mean: resample the values with
-  replacement ``n_boot`` times, take the alpha/2 and 1 - alpha/2 quantiles
-  of the resampled means.
+
+Intervals of a mean over runs are ``trainer.analysis.intervals.mean_ci`` (BCa;
+the percentile bootstrap under-covers at a handful of runs).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,21 +128,3 @@ def median_survival(times: Sequence[float], events: Sequence[bool], z: float = Z
     low = next((p.time for p in curve if p.survival <= 0.5 + z * p.se), None)
     high = next((p.time for p in curve if p.survival < 0.5 - z * p.se), None)
     return MedianCI(median, low, high)
-
-
-def bootstrap_mean_ci(
-    values: Sequence[float], alpha: float = 0.05, n_boot: int = 2000, seed: int = 0
-) -> tuple[float, float, float] | None:
-    """(mean, low, high): the percentile bootstrap interval of the mean; None without values."""
-    values = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return mean, mean, mean
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(n_boot))
-    lo = means[math.floor(alpha / 2 * (n_boot - 1))]
-    hi = means[math.ceil((1 - alpha / 2) * (n_boot - 1))]
-    return mean, lo, hi

@@ -5,7 +5,6 @@ import math
 import pytest
 
 from trainer.survival_stats import (
-    bootstrap_mean_ci,
     chi2_1_sf,
     kaplan_meier,
     log_rank,
@@ -55,14 +54,23 @@ def test_chi2_1_survival_function():
     assert chi2_1_sf(0.0) == 1.0
 
 
-def test_bootstrap_percentile_interval():
-    assert bootstrap_mean_ci([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)
-    # two values: resampled means are 0, .5, 1 with probabilities 1/4, 1/2, 1/4
-    mean, lo, hi = bootstrap_mean_ci([0.0, 1.0])
-    assert (mean, lo, hi) == (0.5, 0.0, 1.0)
-    mean, lo, hi = bootstrap_mean_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
-    assert mean == 4.5 and 2.5 < lo < 4.5 < hi < 6.5
-    assert bootstrap_mean_ci([float("nan")]) is None
+def test_mean_interval_is_bca_with_t_below_three_values():
+    import numpy as np
+    from scipy import stats
+
+    from trainer.analysis.intervals import mean_ci
+
+    assert mean_ci([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)
+    assert mean_ci([3.0]) == (3.0, 3.0, 3.0)
+    assert mean_ci([float("nan"), None]) is None
+    # two values: the t interval, mean 0.5 +- t(0.975, 1) * 0.5 = 0.5 +- 6.3531
+    mean, lo, hi = mean_ci([0.0, 1.0])
+    assert mean == 0.5 and hi - mean == pytest.approx(stats.t.ppf(0.975, 1) * 0.5)
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    mean, lo, hi = mean_ci(values)
+    bca = stats.bootstrap((values,), np.mean, n_resamples=9999, method="BCa",
+                          random_state=np.random.default_rng(0)).confidence_interval  # fmt: skip
+    assert mean == 4.5 and (lo, hi) == pytest.approx((bca.low, bca.high))
 
 
 def test_kaplan_meier_and_log_rank_equal_lifelines():

@@ -50,6 +50,24 @@ def bca_interval(
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def mean_ci(
+    values: Sequence[float | None], level: float = 0.95
+) -> tuple[float, float, float] | None:
+    """(mean, low, high) of the finite values: the BCa interval from three values
+    on (the t interval where BCa is undefined, e.g. two distinct values in a
+    sample), the t interval at two, the point at one; None without values."""
+    x = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not x:
+        return None
+    mean = sum(x) / len(x)
+    if len(x) == 1:
+        return mean, mean, mean
+    interval = bca_interval(x, level) if len(x) >= 3 else None
+    if interval is None or not all(math.isfinite(v) for v in interval):
+        interval = t_interval(x, level)
+    return mean, interval[0], interval[1]
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values, in the input order.
 
