@@ -53,8 +53,8 @@ def main() -> None:
     from django.core.management import call_command
     from rest_framework.test import APIClient
 
+    from lab.configs import resolve_config
     from lab.jobs import launch
-    from lab.runs.configs import resolve_config
     from lab.runs.models import Run
 
     call_command("migrate", verbosity=0)

@@ -24,9 +24,9 @@ from dashboard.models import (
 )
 from lab.experiments.models import Experiment
 from lab.experiments.rights import NotAllowed, check_can_give_verdict, check_can_pin
-from lab.experiments.text import clean_text
 from lab.runs import comments
 from lab.runs.models import Comment, Run
+from lab.text import clean_text
 from trainer.errors import FieldError
 
 MAX_COMPARED_RUNS = 100

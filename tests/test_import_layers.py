@@ -355,11 +355,9 @@ def test_design_doc_lists_the_trainer_contract():
 
 
 # --------------------------------------------------------------------------- lab packages
-# docs/design.md 1.2: a lab package imports only packages to its left.
-LAB_ORDER = ("experiments", "assets", "runs", "jobs", "api", "tracking")
-# The one arrow still to remove (docs/design.md 1.2): experiments.services resolves an
-# experiment's base config with runs.configs, while runs' models point at experiments.
-KNOWN_UPWARD_IMPORTS = frozenset({("lab.experiments.services", "lab.runs.configs")})
+# docs/design.md 1.2: a lab package (or top-level lab module) imports only those to
+# its left: the text rule, the assets, the one config gate, then the concepts.
+LAB_ORDER = ("text", "assets", "configs", "experiments", "runs", "jobs", "api", "tracking")
 
 
 def _lab_package(module: str) -> str | None:
@@ -373,13 +371,11 @@ def _lab_package(module: str) -> str | None:
 
 def lab_upward_imports() -> list[str]:
     """Imports (lazy ones included, type-only ones not) from a lab package to one
-    on its right in LAB_ORDER, other than the KNOWN_UPWARD_IMPORTS."""
+    on its right in LAB_ORDER."""
     found = []
     for e in import_edges()[0]:
         source, target = _lab_package(e.source), _lab_package(e.target)
         if not source or not target or source == target or e.type_only:
-            continue
-        if (e.source, e.target) in KNOWN_UPWARD_IMPORTS:
             continue
         if LAB_ORDER.index(target) > LAB_ORDER.index(source):
             found.append(f"{e.source}:{e.line} -> {e.target}")
@@ -398,9 +394,3 @@ def test_every_lab_package_is_in_the_order():
 def test_lab_packages_import_only_to_their_left():
     """So no two lab packages import each other (no package cycle)."""
     assert lab_upward_imports() == []
-
-
-def test_the_known_upward_import_is_still_there():
-    """An entry of KNOWN_UPWARD_IMPORTS that no longer exists must be removed."""
-    edges = {(e.source, e.target) for e in import_edges()[0]}
-    assert edges >= KNOWN_UPWARD_IMPORTS

@@ -27,11 +27,11 @@ from lab.api import json_input
 from lab.api.query import ascii_id
 from lab.assets.models import RegisteredDataset, RegisteredModel
 from lab.assets.services import picked_assets
+from lab.configs import resolve_config
 from lab.experiments.models import Experiment
 from lab.experiments.rights import NotAllowed, can_queue, can_share
 from lab.experiments.services import create_experiment, set_shared_with, shareable_groups
 from lab.runs import lifecycle, sweeps
-from lab.runs.configs import resolve_config
 from lab.runs.models import Run
 from trainer.errors import FieldError
 from trainer.presets import list_presets, preset_dict

@@ -7,9 +7,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from lab.configs import resolve_config
 from lab.jobs.models import Worker
 from lab.runs import bulk, lifecycle, sweeps
-from lab.runs.configs import resolve_config
 from lab.runs.models import Run, RunStatus
 
 

@@ -36,7 +36,7 @@ def _post_data(sections, **changes) -> dict:
 
 
 def _preset_sections():
-    from lab.runs.configs import resolve_config
+    from lab.configs import resolve_config
 
     sections = schema_form.with_key_section(schema_form.build_sections())
     schema_form.fill(sections, resolve_config(preset="moe-grpo").to_dict())

@@ -10,10 +10,10 @@ from django.utils import timezone
 from lab_processes import submit_tiny_run
 from teams import share
 
+from lab.configs import resolve_config
 from lab.jobs import queries
 from lab.jobs import services as jobs
 from lab.runs import comments, lifecycle, sweeps
-from lab.runs.configs import resolve_config
 from lab.runs.metrics import read
 from lab.runs.metrics.ingest import drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics

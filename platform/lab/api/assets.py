@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from lab.api import asset_serializers as s
 from lab.assets import services
 from lab.assets.models import RegisteredDataset, RegisteredModel
-from lab.runs.configs import overrides_as_strings
+from lab.configs import overrides_as_strings
 
 
 def _valid(serializer_class, data) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import JSONParser
 
-from lab.experiments.text import unstorable_strings
+from lab.text import unstorable_strings
 
 MAX_JSON_DEPTH = 32
 # A JSON string literal (escapes included); brackets inside one do not nest.

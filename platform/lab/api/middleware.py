@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import HttpResponseBadRequest, JsonResponse
 
-from lab.experiments.text import forbidden_character
+from lab.text import forbidden_character
 
 
 class PayloadLimitMiddleware:

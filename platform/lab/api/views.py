@@ -25,13 +25,13 @@ from lab.api import serializers as s
 from lab.api.assets import with_assets
 from lab.api.pagination import BoundedLimitOffsetPagination
 from lab.api.query import CommaSeparated, Query, ascii_id, parse_query
+from lab.configs import resolve_config
 from lab.experiments.models import Experiment
 from lab.experiments.services import create_experiment, set_shared_with
 from lab.jobs.health import health
 from lab.jobs.models import Worker
 from lab.jobs.queries import queue_positions
 from lab.runs import comments, exports, lifecycle, sweeps
-from lab.runs.configs import resolve_config
 from lab.runs.dispatch import PublishFailed
 from lab.runs.metrics import read as metric_reads
 from lab.runs.metrics.downsample import MIN_POINTS

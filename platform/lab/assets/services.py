@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from lab.assets.checks import inspect_checkpoint, inspect_dataset
 from lab.assets.models import RegisteredDataset, RegisteredModel, Verifier
 from lab.assets.roots import check_path
-from lab.experiments.text import clean_text
+from lab.text import clean_text
 from trainer.errors import FieldError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

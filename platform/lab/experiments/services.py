@@ -9,10 +9,10 @@ from typing import Any
 from django.contrib.auth.models import Group
 from django.db import transaction
 
+from lab.configs import Overrides, resolve_config
 from lab.experiments.models import Experiment
 from lab.experiments.rights import check_can_share
-from lab.experiments.text import clean_text
-from lab.runs.configs import Overrides, resolve_config
+from lab.text import clean_text
 from trainer.errors import FieldError
 
 

@@ -3,8 +3,8 @@ follows (saved comparisons' comments too, dashboard/services.py)."""
 
 from __future__ import annotations
 
-from lab.experiments.text import clean_text
 from lab.runs.models import Comment, Run
+from lab.text import clean_text
 from trainer.errors import FieldError
 
 MAX_COMMENT_CHARS = 10000
@@ -12,7 +12,7 @@ MAX_COMMENT_CHARS = 10000
 
 def clean_body(body: object) -> str:
     """A comment's body as stored: non-empty, at most 10,000 characters, no control
-    characters but tab and newlines (lab.experiments.text); a FieldError on ``body``."""
+    characters but tab and newlines (lab.text); a FieldError on ``body``."""
     if not isinstance(body, str) or not body.strip():
         raise FieldError([("body", "a comment cannot be empty")])
     return clean_text("body", body, max_length=MAX_COMMENT_CHARS, multiline=True, label="a comment")

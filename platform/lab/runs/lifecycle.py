@@ -16,14 +16,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from lab.configs import Overrides, resolve_config
 from lab.experiments.models import Experiment, Sweep
 from lab.experiments.rights import NotAllowed, check_can_queue, check_priority_allowed, max_priority
-from lab.experiments.text import clean_text
-from lab.runs.configs import Overrides, resolve_config
 from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.limits import check_new_runs
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunStatus
+from lab.text import clean_text
 from trainer.config import ExperimentConfig
 from trainer.errors import FieldError
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from django.db import transaction
 
+from lab.configs import resolve_config, strip_config_path
 from lab.experiments.models import Experiment, Sweep
 from lab.experiments.rights import check_can_queue
-from lab.experiments.text import clean_text
-from lab.runs.configs import resolve_config, strip_config_path
 from lab.runs.lifecycle import check_queue, create_run
 from lab.runs.limits import check_new_runs, check_sweep_size
+from lab.text import clean_text
 from trainer.config import ExperimentConfig
 from trainer.errors import FieldError
 from trainer.study import StudyDefinition, check_overrides

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from lab.experiments.text import NEVER_STORABLE, forbidden_character
+from lab.text import NEVER_STORABLE, forbidden_character
 from lab.tracking.errors import invalid
 
 # mlflow/utils/validation.py

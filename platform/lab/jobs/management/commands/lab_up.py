@@ -37,7 +37,7 @@ from lab.assets.roots import ROOTS_SETTING, default_asset_roots
 from lab.experiments.models import Experiment
 from lab.experiments.services import create_experiment
 from lab.jobs import launch
-from lab.runs.management.commands.submit import study_definition_dict
+from lab.jobs.management.commands.submit import study_definition_dict
 from lab.runs.sweeps import create_study_sweep
 
 STUDY = "causal"

@@ -22,12 +22,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from lab.configs import resolve_config
 from lab.experiments.models import Experiment
 from lab.experiments.rights import NotAllowed
 from lab.experiments.services import create_experiment
 from lab.jobs.queries import unserved_warning
 from lab.runs import lifecycle, sweeps
-from lab.runs.configs import resolve_config
 from lab.runs.lifecycle import check_queue
 from lab.runs.models import Run
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
