@@ -32,6 +32,9 @@ def run_cancel(request, pk: int):
         lifecycle.cancel_run(run, user=request.user)
     except lifecycle.NotAllowed as exc:
         return HttpResponseForbidden(str(exc))
+    except lifecycle.InvalidState as exc:
+        messages.error(request, str(exc))
+        return redirect(RUN_PAGE, pk)
     messages.info(request, f"Cancel requested for run {pk}.")
     return redirect(RUN_PAGE, pk)
 

@@ -10,7 +10,7 @@ from django.shortcuts import render
 from lab.experiments.models import Sweep
 from lab.jobs.models import Worker
 from lab.jobs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
-from lab.runs.models import ACTIVE_STATUSES, Run
+from lab.runs.models import ACTIVE_STATUSES, Run, RunOrigin
 
 QUEUE_PAGE_SIZE = 100
 
@@ -18,9 +18,10 @@ QUEUE_PAGE_SIZE = 100
 @login_required
 def queue_page(request):
     """Queued and running runs in queue order, a page at a time; the same few
-    queries at any queue length (positions: one query for the page)."""
+    queries at any queue length (positions: one query for the page). External
+    runs (trained elsewhere, logged here) hold no place in the lab's queues."""
     active = (
-        Run.objects.filter(status__in=ACTIVE_STATUSES)
+        Run.objects.filter(status__in=ACTIVE_STATUSES, origin=RunOrigin.LAB)
         .select_related("owner", "experiment")
         .order_by("queue", "-priority", "created_at", "pk")
     )
@@ -33,7 +34,7 @@ def queue_page(request):
         Run.objects.filter(status="queued").values_list("queue", flat=True).distinct()
     )
     sweeps_active = (
-        Sweep.objects.filter(runs__status__in=ACTIVE_STATUSES)
+        Sweep.objects.filter(runs__status__in=ACTIVE_STATUSES, runs__origin=RunOrigin.LAB)
         .annotate(active=Count("runs"))
         .select_related("experiment")
         .order_by("pk")

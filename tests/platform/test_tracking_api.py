@@ -330,3 +330,43 @@ def test_the_run_page_says_where_an_external_run_came_from(ml, exp_id, user):
     for hidden in ("Cancel run", "Requeue", "Clone with changes", "Export as a Hugging Face"):
         assert hidden not in html, hidden
     assert "Delete run" in html  # the owner may still delete it
+
+
+def test_the_queue_and_the_lab_actions_leave_an_external_run_alone(ml, exp_id, user):
+    """An external run is RUNNING while its trainer logs, but holds no place in the
+    lab's queues: the queue page does not list it, bulk cancel and requeue skip it
+    (and say so), a cancel, requeue or export of it is refused, the reconciler
+    never takes it for a lost worker's run."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from lab.jobs.services import reconcile_stale_runs
+    from lab.runs import bulk, exports, lifecycle
+    from trainer.errors import FieldError
+
+    run = Run.objects.get(pk=int(ml.run(exp_id, "trl-seed0")))
+    assert run.is_external and run.status == "running"
+    browser = Client()
+    browser.force_login(user)
+    queue = browser.get("/queue/").content.decode()
+    assert "trl-seed0" not in queue
+    outcome = bulk.cancel_runs([run.pk], user=user)
+    assert outcome.done == [] and outcome.external == [run.pk]
+    assert "1 external run left alone" in outcome.message("Cancelled")
+    with pytest.raises(lifecycle.InvalidState, match="trained elsewhere"):
+        lifecycle.cancel_run(run, user=user)
+    page = browser.post(f"/runs/{run.pk}/cancel", follow=True).content.decode()
+    assert "trained elsewhere" in page
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(days=1))
+    assert reconcile_stale_runs(60) == []
+    ml.ok("POST", "runs/update", {"run_id": str(run.pk), "status": "FAILED"})
+    run.refresh_from_db()
+    assert run.status == "failed" and not run.cancel_requested
+    assert bulk.requeue_runs([run.pk], user=user).external == [run.pk]
+    with pytest.raises(lifecycle.InvalidState, match="trained elsewhere"):
+        bulk.requeue_run(run, user=user)
+    with pytest.raises(FieldError, match="not in the lab"):
+        exports.request_export(run, user=user)
+    run.refresh_from_db()
+    assert run.status == "failed"

@@ -28,7 +28,7 @@ from lab.jobs.models import Worker
 from lab.runs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
-from lab.runs.models import Run, RunStatus
+from lab.runs.models import Run, RunOrigin, RunStatus
 from trainer.run_files import METRICS_FILE, parse_metric_lines
 
 log = logging.getLogger("jobs")
@@ -171,7 +171,10 @@ def reconcile_stale_runs(stale_after_s: float) -> list[ReconcileAction]:
     """
     cutoff = timezone.now() - timedelta(seconds=stale_after_s)
     actions = []
-    stale = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=cutoff).values_list(
+    # An external run (trained elsewhere, logged here) has no worker to lose.
+    stale = Run.objects.filter(
+        status=RunStatus.RUNNING, origin=RunOrigin.LAB, heartbeat_at__lt=cutoff
+    ).values_list(
         "pk", "attempts", "max_attempts", "queue", "priority", "cancel_requested", "run_dir"
     )
     for run_id, attempts, max_attempts, queue, priority, cancelling, run_dir in stale:

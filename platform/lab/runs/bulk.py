@@ -29,11 +29,15 @@ class BulkOutcome:
 
     done: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # finished already, or not allowed
+    external: list[int] = field(default_factory=list)  # trained elsewhere: never touched
 
     def message(self, verb: str) -> str:
         text = f"{verb} {len(self.done)} run{'s' if len(self.done) != 1 else ''}"
         if self.skipped:
             text += f"; {len(self.skipped)} left as they were (finished or not yours)"
+        if self.external:
+            n = len(self.external)
+            text += f"; {n} external run{'s' if n != 1 else ''} left alone (trained elsewhere)"
         return text + "."
 
 
@@ -42,6 +46,9 @@ def cancel_runs(run_ids: Iterable[int], *, user) -> BulkOutcome:
     outcome = BulkOutcome()
     runs = Run.objects.filter(pk__in=list(run_ids)).order_by("pk")
     for run in runs:
+        if run.is_external:
+            outcome.external.append(run.pk)
+            continue
         if run.status not in ACTIVE_STATUSES or not run.can_manage(user):
             outcome.skipped.append(run.pk)
             continue
@@ -64,6 +71,10 @@ def requeue_run(run: Run, *, user) -> Run:
     """
     if not run.can_manage(user):
         raise lifecycle.NotAllowed("only the run's owner or staff can requeue it")
+    if run.is_external:  # no config a worker could train: it was trained elsewhere
+        raise lifecycle.InvalidState(
+            "an external run is trained elsewhere; the lab cannot requeue it"
+        )
     with transaction.atomic():
         task_id = new_task_id()
         updated = Run.objects.filter(pk=run.pk, status__in=REQUEUEABLE_STATUSES).update(
@@ -89,6 +100,9 @@ def requeue_runs(run_ids: Iterable[int], *, user) -> BulkOutcome:
     """Requeue each failed or cancelled run of ``run_ids`` the user may manage."""
     outcome = BulkOutcome()
     for run in Run.objects.filter(pk__in=list(run_ids)).order_by("pk"):
+        if run.is_external:
+            outcome.external.append(run.pk)
+            continue
         try:
             requeue_run(run, user=user)
             outcome.done.append(run.pk)

@@ -45,6 +45,10 @@ def request_export(run: Run, *, user, dtype: str = "float32") -> CheckpointExpor
     rights.check_can_queue(user, run.experiment)  # an export spends a worker's time
     if dtype not in EXPORT_DTYPES:
         raise FieldError([("dtype", f"choose one of {', '.join(EXPORT_DTYPES)}")])
+    if run.is_external:
+        raise FieldError(
+            [("run", "an external run's checkpoint is not in the lab; export it where it trained")]
+        )
     step = last_checkpoint_step(run)
     if step is None:
         raise FieldError([("run", "only a finished run with a checkpoint can be exported")])

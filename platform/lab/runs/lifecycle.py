@@ -195,6 +195,8 @@ def cancel_run(run: Run, *, user) -> Run:
     checkpoints and exits). A finished run is left as it is."""
     if not run.can_manage(user):
         raise NotAllowed("only the run's owner or staff can cancel it")
+    if run.is_external:  # its trainer runs elsewhere and polls no flag of ours
+        raise InvalidState("an external run is trained elsewhere; the lab cannot cancel it")
     now = timezone.now()
     with transaction.atomic():
         cancelled = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
