@@ -32,7 +32,7 @@ def greedy_accuracy(
             max_new_tokens=max_new_tokens,
             temperature=0.0,
             top_p=1.0,
-            eos_id=tok.eos_id,
+            eos_id=tok.stop_ids,
             pad_id=tok.pad_id,
             generator=None,
         )

@@ -526,7 +526,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
-        eos_id=tok.eos_id,
+        eos_id=tok.stop_ids,
         pad_id=tok.pad_id,
         generator=ctx.generators["sample"],
         use_kv_cache=cfg.rollout.kv_cache,

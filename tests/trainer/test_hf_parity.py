@@ -102,3 +102,29 @@ def test_qwen3_moe_dense_layers_come_from_mlp_only_layers(tmp_path):
     assert cfg.dense_layers == [1]
     assert [block.is_moe for block in model.blocks] == [True, False, True]
     assert cfg.head_dim == 24 and cfg.n_kv_heads == 2 and cfg.rope_theta == 1e6
+
+
+def test_generation_stops_at_any_listed_eos_id_as_transformers_does(tmp_path):
+    """generation_config.json's eos_token_id list: transformers' generate ends a row at
+    the first listed id it samples, and so does the engine (two rows, two ids)."""
+    hf = save_hf_checkpoint("qwen3_moe", tmp_path)
+    cfg, model = _import(tmp_path)
+    engine = RolloutEngine(cfg, cfg.vocab_size, precision="fp32")
+    engine.load_weights(model.state_dict())
+    prompt = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(prompt, dtype=torch.bool)
+    free = engine.generate(prompt, mask, max_new_tokens=24, temperature=0.0).tokens
+    stops = [int(free[0, 7 + 5]), int(free[1, 7 + 9])]  # tokens each row samples anyway
+    ours = engine.generate(prompt, mask, 24, temperature=0.0, eos_id=stops, pad_id=0)
+    with torch.no_grad():
+        theirs = hf.generate(
+            prompt, attention_mask=mask.long(), max_new_tokens=24, do_sample=False,
+            eos_token_id=stops, pad_token_id=0,
+        )  # fmt: skip
+    width = max(ours.tokens.shape[1], theirs.shape[1])
+
+    def padded(t):
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+    assert torch.equal(padded(ours.tokens), padded(theirs))
+    assert ours.tokens.shape[1] < 7 + 24  # both rows stopped early

@@ -35,6 +35,22 @@ def test_missing_specials_fall_back_to_config_ids_and_eos_padding(tmp_path):
     assert tok.encode("12", bos=True) == [4, 5]
 
 
+def test_generation_config_eos_lists_end_responses_too(tmp_path):
+    """Llama 3.1 Instruct and Qwen3 list several EOS ids in generation_config.json;
+    transformers' generate stops at any of them, and so do rollouts and decode."""
+    save_char_tokenizer(tmp_path)
+    assert CheckpointTokenizer(tmp_path).stop_ids == (2,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2, 9]}))
+    tok = CheckpointTokenizer(tmp_path)
+    assert tok.eos_id == 2 and tok.stop_ids == (2, 7, 9)
+    assert tok.decode([5, 6, 9, 8]) == "23"  # cut at the listed id 9
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 6}))
+    assert CheckpointTokenizer(tmp_path).stop_ids == (2, 6)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 10**6]}))
+    with pytest.raises(FieldError, match="eos_token_id 1000000 is not a token id"):
+        CheckpointTokenizer(tmp_path)
+
+
 def test_a_checkpoint_without_tokenizer_is_a_field_error_for_runs(tmp_path):
     cfg = ModelConfig(source=str(tmp_path), family="llama")
     with pytest.raises(FieldError, match=r"no tokenizer\.json"):

@@ -165,6 +165,25 @@ def test_eos_stops_rows_and_pads_after(tiny_moe_cfg, make_batch):
     assert batch.response_mask[0].sum() <= 3  # row 0 stopped at its first EOS
 
 
+def test_any_of_several_stop_ids_ends_a_row(tiny_moe_cfg, make_batch):
+    """eos_id as a list (generation_config.json's eos_token_id): a row ends at the
+    first of them it samples; one id in a list is that id."""
+    _, engine = model_and_engine(tiny_moe_cfg, seed=5)
+    prompt, mask = make_batch(VOCAB, [4, 3, 4, 2], 4, seed=2)
+    greedy = engine.generate(prompt, mask, 10, temperature=0.0, pad_id=0)
+    first, second = int(greedy.tokens[0, 4 + 3]), int(greedy.tokens[1, 4 + 1])
+    ids = [first, second]
+    batch = engine.generate(prompt, mask, 10, temperature=0.0, eos_id=ids, pad_id=0)
+    for row in range(4):
+        hits = torch.isin(greedy.tokens[row, 4:], torch.tensor(ids)).nonzero()
+        n = int(hits[0]) + 1 if len(hits) else 10
+        assert int(batch.response_mask[row].sum()) == n, row
+        assert torch.equal(batch.tokens[row, 4 : 4 + n], greedy.tokens[row, 4 : 4 + n])
+    one = engine.generate(prompt, mask, 10, temperature=0.0, eos_id=[first], pad_id=0)
+    same = engine.generate(prompt, mask, 10, temperature=0.0, eos_id=first, pad_id=0)
+    assert torch.equal(one.tokens, same.tokens) and torch.equal(one.logprobs, same.logprobs)
+
+
 def test_generation_ends_when_every_row_stopped(tiny_moe_cfg, make_batch):
     _, engine = model_and_engine(tiny_moe_cfg, seed=5)
     prompt, mask = make_batch(VOCAB, [3], 3, seed=2)

@@ -101,7 +101,7 @@ def calibrate_base(
                 mask,
                 max_new_tokens=cfg.rollout.max_new_tokens,
                 temperature=cfg.rollout.temperature,
-                eos_id=tok.eos_id,
+                eos_id=tok.stop_ids,
                 pad_id=tok.pad_id,
                 generator=gen,
             )

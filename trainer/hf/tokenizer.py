@@ -17,7 +17,10 @@ template writes its own BOS, so none is added.
 
 Special tokens come from tokenizer_config.json (``bos_token``, ``eos_token``,
 ``pad_token``, as strings or ``{"content": ...}``), then config.json's
-``*_token_id``. No BOS (Qwen has none) means prompts start with their first
+``*_token_id``. A response ends at EOS or at any id of generation_config.json's
+``eos_token_id`` (an int or a list: Llama 3.1 Instruct stops at <|eot_id|> and
+<|eom_id|> too, Qwen3 at <|im_end|> and <|endoftext|>), as transformers'
+``generate`` stops: ``stop_ids``. No BOS (Qwen has none) means prompts start with their first
 token; no pad token means EOS pads (pads are never attended to).
 """
 
@@ -81,6 +84,14 @@ class CheckpointTokenizer:
         self.bos_id: int | None = special("bos")
         pad = special("pad")
         self.pad_id: int = eos if pad is None else pad
+        self.stop_ids: tuple[int, ...] = _stop_ids(
+            eos, _read_json(folder / "generation_config.json")
+        )
+        too_large = [i for i in self.stop_ids if i >= self.vocab_size]
+        if too_large:
+            raise FieldError(
+                [(SOURCE, f"generation_config.json eos_token_id {too_large[0]} is not a token id")]
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -112,9 +123,10 @@ class CheckpointTokenizer:
         tokenizer's vocabulary (checkpoints pad the embedding) decode to nothing."""
         kept = []
         skip = {self.pad_id, self.bos_id}
+        stops = set(self.stop_ids)
         for raw in ids:
             token = int(raw)
-            if token == self.eos_id:
+            if token in stops:
                 break
             if token in skip or token >= self.vocab_size:
                 continue
@@ -123,6 +135,14 @@ class CheckpointTokenizer:
 
     def __repr__(self) -> str:
         return f"CheckpointTokenizer({self.folder}, vocab_size={self.vocab_size})"
+
+
+def _stop_ids(eos_id: int, generation_config: dict[str, Any]) -> tuple[int, ...]:
+    """EOS, then generation_config.json's ``eos_token_id`` (an int or a list), once each."""
+    named = generation_config.get("eos_token_id")
+    listed = named if isinstance(named, list) else [named]
+    extra = [i for i in listed if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
+    return tuple(dict.fromkeys([eos_id, *extra]))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

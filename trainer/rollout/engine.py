@@ -17,6 +17,7 @@ the numerics differ, which is the training-inference mismatch under study.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -573,7 +574,7 @@ class RolloutEngine:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         pad_id: int = 0,
         generator: torch.Generator | None = None,
         use_kv_cache: bool = True,
@@ -582,6 +583,8 @@ class RolloutEngine:
 
         prompt_tokens, prompt_mask: (B, P). A row stops at ``eos_id`` (EOS
         kept, later columns padded); the loop ends when every row stopped.
+        ``eos_id`` is one id or several (generation_config.json's
+        ``eos_token_id`` list, as transformers' ``generate`` takes it): any ends a row.
         ``temperature`` 0 decodes greedily. ``use_kv_cache=False`` recomputes
         the full prefix every step (for the benchmark).
         """
@@ -590,6 +593,10 @@ class RolloutEngine:
         total = p + max_new_tokens
         if total > self.cfg.max_seq_len and self.pos_emb is not None:
             raise ValueError(f"prompt + max_new_tokens ({total}) exceeds max_seq_len")
+        stop_ids = None
+        if eos_id is not None:
+            ids = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+            stop_ids = torch.tensor(ids, dtype=torch.long, device=self.device) if ids else None
         with torch.inference_mode():
             tokens, mask, logprobs, routing, end = self._sample(
                 prompt_tokens,
@@ -597,7 +604,7 @@ class RolloutEngine:
                 max_new_tokens,
                 temperature,
                 top_p,
-                eos_id,
+                stop_ids,
                 pad_id,
                 generator,
                 use_kv_cache,
@@ -630,12 +637,13 @@ class RolloutEngine:
         max_new_tokens: int,
         temperature: float,
         top_p: float,
-        eos_id: int | None,
+        stop_ids: torch.Tensor | None,
         pad_id: int,
         generator: torch.Generator | None,
         use_kv_cache: bool,
     ):
-        """The sampling loop of ``generate`` (run under inference mode). Returns the
+        """The sampling loop of ``generate`` (run under inference mode); ``stop_ids``:
+        (S,) the ids that end a row, None = rows never stop. Returns the
         (B, P + max_new_tokens) tokens, mask and log-prob buffers, the (L_moe, B,
         P + max_new_tokens, k) routing buffer (or None) and the number of columns used."""
         b, p = prompt_tokens.shape
@@ -672,11 +680,11 @@ class RolloutEngine:
         stream_state, stream_from, step = None, 0, -1
         for step in range(max_new_tokens):
             col = p + step
-            if stream is not None and eos_id is not None and step % self.stop_check_every == 0:
+            if stream is not None and stop_ids is not None and step % self.stop_check_every == 0:
                 stream_state, stream_from = stream.get_state(), step
             logp = scaled_logprobs(next_logits, temperature)
             nxt = sample_next(logp, temperature, top_p, stream)
-            if eos_id is None:  # no row ever stops: every row is alive
+            if stop_ids is None:  # no row ever stops: every row is alive
                 alive = None
                 tokens[:, col] = nxt
                 mask[:, col] = True
@@ -687,7 +695,7 @@ class RolloutEngine:
                 tokens[:, col] = nxt
                 mask[:, col] = alive
                 logprobs[:, col] = logp.gather(-1, nxt[:, None]).squeeze(-1) * alive
-                finished = finished | (alive & (nxt == eos_id))
+                finished = finished | (alive & torch.isin(nxt, stop_ids))
             if step == max_new_tokens - 1 or (
                 alive is not None
                 and (step + 1) % self.stop_check_every == 0
@@ -711,7 +719,7 @@ class RolloutEngine:
                     key_bias[:, col].masked_fill_(~alive, float("-inf"))
             else:
                 next_logits = self._recompute_next(tokens, mask, col, routing)
-        if eos_id is None:
+        if stop_ids is None:
             return tokens, mask, logprobs, routing, total
         # Columns up to the last one where a row was alive (every row is alive at
         # step 0 and a stopped row stays stopped): one host read per call. Under

@@ -27,6 +27,7 @@ class ByteTokenizer:
     pad_id = 0
     bos_id = 1
     eos_id = 2
+    stop_ids = (2,)  # the ids that end a response (the rollout engine's eos_id)
 
     @property
     def vocab_size(self) -> int:

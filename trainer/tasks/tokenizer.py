@@ -35,6 +35,7 @@ class CharTokenizer:
     pad_id = 0
     bos_id = 1
     eos_id = 2
+    stop_ids = (2,)  # the ids that end a response (the rollout engine's eos_id)
 
     def __init__(self) -> None:
         offset = len(SPECIAL_TOKENS)
