@@ -18,6 +18,7 @@ experiment's base), and ``changes`` lists those differences for the page's
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +30,7 @@ from trainer.config import json_schema
 class FormField:
     path: str  # dotted config path, also the input's name
     label: str
-    kind: str  # integer | number | boolean | enum | array | string
+    kind: str  # integer | number | boolean | enum | array | object | string
     help: str
     default: Any
     nullable: bool = False
@@ -81,6 +82,8 @@ def _as_text(kind: str, value: Any) -> str:
         return ""
     if kind == "array":
         return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+    if kind == "object":  # a mapping (model.chat_template_kwargs) is typed as JSON
+        return json.dumps(value) if isinstance(value, dict) and value else ""
     return str(value)
 
 
@@ -316,6 +319,13 @@ def parse_value(f: FormField, raw: str) -> Any:
             except ValueError:
                 return text
         return [item.strip() for item in text.split(",") if item.strip()]
+    if f.kind == "object":
+        if text == "":
+            return {}
+        try:
+            return json_input.loads(text)  # depth-bounded: no RecursionError
+        except ValueError:
+            return text
     return text
 
 

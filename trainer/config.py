@@ -85,6 +85,13 @@ class RopeScalingConfig(Section):
         return self
 
 
+# What the lab itself passes to a chat template (trainer/hf/tokenizer.py): not settable
+# through model.chat_template_kwargs.
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "documents"}
+)
+
+
 class ModelConfig(Section):
     vocab_size: int | None = Field(
         None,
@@ -204,6 +211,12 @@ class ModelConfig(Section):
         "template (tokenizer_config.json or chat_template.jinja, rendered with jinja2, "
         "generation prompt added) before encoding; needs model.source.",
     )
+    chat_template_kwargs: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict,
+        description="Extra variables the chat template sees, as transformers' "
+        'apply_chat_template(**kwargs) passes them: e.g. {"enable_thinking": false} for '
+        "Qwen3; needs model.chat_template.",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -244,6 +257,15 @@ class ModelConfig(Section):
             raise ValueError(
                 "chat_template: only an imported checkpoint has a chat template; "
                 "set model.source or turn chat_template off"
+            )
+        if self.chat_template_kwargs and not self.chat_template:
+            raise ValueError("chat_template_kwargs: only used with model.chat_template on")
+        taken = sorted(set(self.chat_template_kwargs) & RESERVED_TEMPLATE_VARIABLES)
+        bad = [k for k in self.chat_template_kwargs if not k.isidentifier()]
+        if taken or bad:
+            raise ValueError(
+                f"chat_template_kwargs: {(taken or bad)[0]!r} "
+                + ("is set by the lab itself" if taken else "is not a template variable name")
             )
         if self.sliding_layers is not None:
             bad = [i for i in self.sliding_layers if not 0 <= i < self.n_layers]
@@ -370,6 +392,14 @@ class TextTaskConfig(TaskBase):
         "hold out about 10% of data_file's prompts by hash (as the built-in tasks do).",
     )
     prompt_field: str = Field("question", min_length=1, description="Row field of the prompt.")
+    messages_field: str | None = Field(
+        None,
+        min_length=1,
+        description='Row field holding the prompt as a conversation, [{"role": "system" | '
+        '"user" | "assistant", "content": text}, ...] ending with a user turn (a '
+        "system prompt, few-shot turns), rendered by the checkpoint's chat template; "
+        "needs model.chat_template; prompt_field and prompt_template are then unused.",
+    )
     prompt_template: str | None = Field(
         None,
         description="Python format string over the row's fields, e.g. 'Q: {question}\\nA:'; "
@@ -439,6 +469,11 @@ class TextTaskConfig(TaskBase):
 
     @model_validator(mode="after")
     def _check_verifier(self) -> TextTaskConfig:
+        if self.messages_field and self.prompt_template is not None:
+            raise ValueError(
+                "prompt_template: a conversation (messages_field) is rendered by the chat "
+                "template; clear prompt_template or messages_field"
+            )
         if self.verifier == "python" and not self.reward_function:
             raise ValueError(
                 "reward_function: the python verifier needs an import path "
@@ -967,6 +1002,11 @@ class ExperimentConfig(Section):
             raise ValueError(
                 "algorithm.advantage.expert_zscore: expert z-scored advantages need an MoE model and "
                 "expert_zscore_layer < model.n_layers"
+            )
+        if getattr(self.task, "messages_field", None) and not self.model.chat_template:
+            raise ValueError(
+                "task.messages_field: a conversation is rendered by the checkpoint's chat "
+                "template; set model.chat_template (and model.source) or use prompt_field"
             )
         if st.is_correction.kind != "none" and self.algorithm.behavior_logprobs == "rollout":
             # With rollout behaviour log-probs the clipped ratio is already

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.tasks.base import Problem
+from trainer.tasks.base import Problem, prompt_ids
 from trainer.tasks.tokenizer import CharTokenizer
 
 
@@ -45,7 +45,7 @@ def collate_prompts(
     (B, P), True on real tokens; P = the longest prompt of the batch.
     """
     _check_nonempty(problems)
-    encoded = [tokenizer.encode(p.prompt, bos=True) for p in problems]
+    encoded = [prompt_ids(tokenizer, p) for p in problems]
     width = max(map(len, encoded))
     rows = [[tokenizer.pad_id] * (width - len(ids)) + ids for ids in encoded]
     masks = [[False] * (width - len(ids)) + [True] * len(ids) for ids in encoded]
@@ -65,7 +65,7 @@ def collate_sft(
     on target tokens and EOS), with T = P + the longest target (EOS included).
     """
     _check_nonempty(problems)
-    prompts = [tokenizer.encode(p.prompt, bos=True) for p in problems]
+    prompts = [prompt_ids(tokenizer, p) for p in problems]
     targets = [tokenizer.encode(p.target, bos=False, eos=True) for p in problems]
     prompt_width = max(map(len, prompts))
     width = prompt_width + max(map(len, targets))

@@ -127,6 +127,13 @@ def test_form_is_generated_from_the_schema():
     assert fields["task.min_len"].when == ("task.name", "sort")
     assert fields["task.data_file"].when == ("task.name", "text")
     assert fields["task.operations"].default == ["add"]
+    # A mapping is typed as JSON: empty is {}, text that is not JSON goes to the schema.
+    kwargs = fields["model.chat_template_kwargs"]
+    assert kwargs.kind == "object" and schema_form.parse_value(kwargs, "") == {}
+    assert schema_form.parse_value(kwargs, '{"enable_thinking": false}') == {
+        "enable_thinking": False
+    }
+    assert schema_form.parse_value(kwargs, "{oops") == "{oops"
 
 
 def test_new_run_form_shows_sections_defaults_and_help(browser, experiment):

@@ -45,7 +45,12 @@ def _token_text(value: Any) -> str | None:
 class CheckpointTokenizer:
     """A checkpoint's tokenizer.json with the task tokenizer's interface."""
 
-    def __init__(self, folder: Path, chat_template: bool = False):
+    def __init__(
+        self,
+        folder: Path,
+        chat_template: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ):
         from tokenizers import Tokenizer
 
         self.folder = folder
@@ -62,6 +67,7 @@ class CheckpointTokenizer:
             name: _token_text(tok_cfg.get(f"{name}_token")) for name in ("bos", "eos")
         }
         self._template = _compile_template(folder, tok_cfg) if chat_template else None
+        self.template_kwargs = dict(template_kwargs or {})
 
         def special(name: str) -> int | None:
             text = _token_text(tok_cfg.get(f"{name}_token"))
@@ -99,12 +105,35 @@ class CheckpointTokenizer:
 
     def render_prompt(self, text: str) -> str:
         """``text`` as one user message in the chat template, generation prompt added."""
-        return self._template.render(
-            messages=[{"role": "user", "content": text}],
-            add_generation_prompt=True,
-            bos_token=self._special_text["bos"] or "",
-            eos_token=self._special_text["eos"] or "",
-        )
+        return self.render_conversation((("user", text),))
+
+    def render_conversation(self, messages: Iterable[tuple[str, str]]) -> str:
+        """``(role, content)`` turns through the chat template, generation prompt
+        added, with ``template_kwargs`` (model.chat_template_kwargs) as variables:
+        what ``apply_chat_template(messages, add_generation_prompt=True, **kwargs)``
+        renders."""
+        if self._template is None:
+            raise FieldError(
+                [("model.chat_template", "a conversation needs the chat template turned on")]
+            )
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(
+                **self.template_kwargs,
+                messages=[{"role": role, "content": content} for role, content in messages],
+                add_generation_prompt=True,
+                bos_token=self._special_text["bos"] or "",
+                eos_token=self._special_text["eos"] or "",
+            )
+        except TemplateError as exc:  # raise_exception(...) in the template, or a bad turn
+            raise FieldError(
+                [("model.chat_template", f"the chat template refused a prompt: {exc}")]
+            ) from None
+
+    def encode_conversation(self, messages: Iterable[tuple[str, str]]) -> list[int]:
+        """Token ids of a conversation rendered by the template (it writes its own BOS)."""
+        return self._tok.encode(self.render_conversation(messages), add_special_tokens=False).ids
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
         """Token ids of ``text`` (no automatic specials), framed on request; a
@@ -262,7 +291,9 @@ def checkpoint_tokenizer(cfg: ModelConfig) -> CheckpointTokenizer | None:
                 )
             ]
         )
-    tokenizer = CheckpointTokenizer(folder, chat_template=cfg.chat_template)
+    tokenizer = CheckpointTokenizer(
+        folder, chat_template=cfg.chat_template, template_kwargs=cfg.chat_template_kwargs
+    )
     if cfg.vocab_size is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise FieldError(
             [

@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from trainer.config import ExperimentConfig, TaskBase
 from trainer.tasks.holdout import ENUMERATE_LIMIT, HeldOutSplit
@@ -41,11 +42,27 @@ class Problem:
     answer: the canonical final answer, e.g. ``"95"``.
     target: the full supervised response (scratchpad included) for the warm
             start, e.g. ``"7+8+0=15,3+5+1=09|95"``; EOS follows it.
+    messages: the whole conversation when the prompt is one (a text task's
+            ``messages_field``): ``(role, content)`` pairs ending with the user
+            turn whose content is ``prompt``; empty for a plain prompt.
     """
 
     prompt: str
     answer: str
     target: str
+    messages: tuple[tuple[str, str], ...] = ()
+
+
+def prompt_ids(tokenizer: Any, problem: Problem) -> list[int]:
+    """The token ids a problem's prompt is encoded to: its conversation through the
+    checkpoint's chat template when it has one, else its text after BOS."""
+    # Only a checkpoint's tokenizer renders conversations (the config requires
+    # model.chat_template for one); the bytes a text task counts before that
+    # tokenizer is installed are never used as lengths (``lengths_known``).
+    encode_conversation = getattr(tokenizer, "encode_conversation", None)
+    if problem.messages and encode_conversation is not None:
+        return encode_conversation(problem.messages)
+    return tokenizer.encode(problem.prompt, bos=True)
 
 
 def final_segment(text: str, require_separator: bool) -> str | None:
@@ -185,7 +202,7 @@ class Task(ABC):
     @cached_property
     def _longest(self) -> tuple[int, int]:
         problems = [self.build(s) for s in self.longest_specs()]
-        prompt = max(len(self.tokenizer.encode(p.prompt, bos=True)) for p in problems)
+        prompt = max(len(prompt_ids(self.tokenizer, p)) for p in problems)
         target = max(len(self.tokenizer.encode(p.target, bos=False, eos=True)) for p in problems)
         return prompt, target
 

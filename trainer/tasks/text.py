@@ -29,7 +29,7 @@ from typing import Any
 
 from trainer.config import ExperimentConfig, TextTaskConfig
 from trainer.errors import FieldError
-from trainer.tasks.base import Problem, Task
+from trainer.tasks.base import Problem, Task, prompt_ids
 from trainer.tasks.byte_tokenizer import ByteTokenizer
 from trainer.tasks.holdout import HeldOutSplit
 from trainer.tasks.text_data import ProblemTable, build_problems, read_table, resolve_data_file
@@ -159,7 +159,7 @@ class TextTask(Task):
                 problems += self.eval_table.problems
             tok = self.tokenizer
             self._lengths[key] = (
-                max(len(tok.encode(p.prompt, bos=True)) for p in problems),
+                max(len(prompt_ids(tok, p)) for p in problems),
                 max(len(tok.encode(p.target, bos=False, eos=True)) for p in problems),
             )
         return self._lengths[key]

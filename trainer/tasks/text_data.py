@@ -184,6 +184,33 @@ def prompt_text(row: dict[str, Any], cfg: TextTaskConfig) -> str:
     return text
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def conversation(row: dict[str, Any], field_name: str) -> tuple[tuple[str, str], ...]:
+    """The row's ``messages_field`` as ``(role, content)`` turns: a list of
+    ``{"role", "content"}`` objects with roles system / user / assistant and text
+    content, ending with a user turn (the question the policy answers)."""
+    turns = row.get(field_name)
+    if turns is None:
+        raise BadRow(f"messages field {field_name!r} is missing")
+    if not isinstance(turns, list) or not turns:
+        raise BadRow(f"messages field {field_name!r} is not a non-empty list of turns")
+    out = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            raise BadRow(f"messages field {field_name!r}: a turn is not an object")
+        role, content = turn.get("role"), turn.get("content")
+        if role not in CHAT_ROLES:
+            raise BadRow(f"messages field {field_name!r}: role {role!r} is not one of {CHAT_ROLES}")
+        if not isinstance(content, str):
+            raise BadRow(f"messages field {field_name!r}: a {role} turn has no text content")
+        out.append((role, content))
+    if out[-1][0] != "user" or not out[-1][1].strip():
+        raise BadRow(f"messages field {field_name!r}: the last turn is not a non-empty user turn")
+    return tuple(out)
+
+
 def target_text(raw: Any, gold: str, verifier: Verifier) -> str:
     """The supervised warm-start response: the answer field when the verifier reads
     it back to the gold answer, else the gold answer in GSM8K form (numeric)."""
@@ -204,8 +231,10 @@ def build_problems(
         table.skip(reason, line)
     for line, row in zip(read.lines, read.rows, strict=True):
         try:
-            prompt = prompt_text(row, cfg)
-            if cfg.max_prompt_chars is not None and len(prompt) > cfg.max_prompt_chars:
+            messages = conversation(row, cfg.messages_field) if cfg.messages_field else ()
+            prompt = messages[-1][1] if messages else prompt_text(row, cfg)
+            chars = sum(len(text) for _, text in messages) if messages else len(prompt)
+            if cfg.max_prompt_chars is not None and chars > cfg.max_prompt_chars:
                 raise BadRow(f"prompt longer than max_prompt_chars={cfg.max_prompt_chars}")
             raw = row.get(cfg.answer_field)
             if raw is None:
@@ -215,6 +244,11 @@ def build_problems(
             table.skip(str(exc), line)
             continue
         table.problems.append(
-            Problem(prompt=prompt, answer=gold, target=target_text(raw, gold, verifier))
+            Problem(
+                prompt=prompt,
+                answer=gold,
+                target=target_text(raw, gold, verifier),
+                messages=messages,
+            )
         )
     return table
