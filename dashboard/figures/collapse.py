@@ -241,6 +241,10 @@ def survival_curves(
     return fig
 
 
+DOSE_ARM_SPREAD = 0.08  # sideways step between arms at one dose level (tick units)
+DOSE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "pentagon")
+
+
 def dose_response(
     outcomes_by_variant: Mapping[str, Sequence[Outcome]],
     layout: Mapping[str, Any],
@@ -251,7 +255,10 @@ def dose_response(
     """Share of seeds collapsed per rollout precision (the dose), one line per arm.
 
     ``layout``: ``dashboard.stability_stats.dose_layout`` of the variants. Hover
-    shows collapsed / seeds, so a cell with few seeds reads as such.
+    shows collapsed / seeds, so a cell with few seeds reads as such. Arms share
+    values often (every arm at 0% is the common case), so each arm sits at its
+    own small sideways offset from the level's tick, with its own marker
+    symbol: no point hides another.
     """
     fig = go.Figure(
         layout=base_layout(
@@ -262,16 +269,19 @@ def dose_response(
         )
     )
     fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%")
-    for arm, by_level in layout["arms"].items():
+    levels = list(layout["levels"])
+    arms = list(layout["arms"].items())
+    for index, (arm, by_level) in enumerate(arms):
+        offset = (index - (len(arms) - 1) / 2) * min(DOSE_ARM_SPREAD, 0.6 / max(len(arms), 1))
         xs, ys, text = [], [], []
-        for level in layout["levels"]:
+        for position, level in enumerate(levels):
             events = _events(outcomes_by_variant.get(by_level.get(level, ""), []))
             if not events:
                 continue
             collapsed = sum(1 for e in events if e[1])
-            xs.append(level)
+            xs.append(position + offset)
             ys.append(collapsed / len(events))
-            text.append(f"{collapsed}/{len(events)}")
+            text.append(f"{level}: {collapsed}/{len(events)}")
         if xs:
             fig.add_trace(
                 go.Scatter(
@@ -281,9 +291,15 @@ def dose_response(
                     mode="lines+markers",
                     name=arm,
                     line={"color": color_of(arm, colors)},
-                    hovertemplate="%{x}: %{text} collapsed",
+                    marker={"symbol": DOSE_SYMBOLS[index % len(DOSE_SYMBOLS)], "size": 9},
+                    hovertemplate=f"{arm}<br>%{{text}} collapsed<extra></extra>",
                     meta={"variant": arm, "role": "dose"},
                 )
             )
-    fig.update_xaxes(categoryorder="array", categoryarray=list(layout["levels"]))
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=list(range(len(levels))),
+        ticktext=levels,
+        range=[-0.5, len(levels) - 0.5],
+    )
     return fig

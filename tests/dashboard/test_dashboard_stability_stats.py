@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from dashboard.figures.collapse import dose_response
 from dashboard.stability import RunStats, stability_table_rows
 from dashboard.stability_stats import dose_layout, split_dose_name, survival_rows
@@ -53,5 +55,22 @@ def test_dose_response_figure_shares():
     }  # fmt: skip
     fig = dose_response(outcomes, dose_layout(list(outcomes)))
     (trace,) = fig.data
-    assert list(trace.x) == ["fp32", "fp8"] and list(trace.y) == [0.0, 0.5]
-    assert list(trace.text) == ["0/1", "1/2"]
+    assert list(trace.x) == [0, 1] and list(trace.y) == [0.0, 0.5]
+    assert list(fig.layout.xaxis.ticktext) == ["fp32", "fp8"]
+    assert list(trace.text) == ["fp32: 0/1", "fp8: 1/2"]
+
+
+def test_arms_with_equal_shares_do_not_hide_each_other():
+    """Three arms, none collapsed at either level: three distinct points per level,
+    each with its own symbol, the arms centred on the level's tick."""
+    outcomes = {
+        f"{arm}-{level}": [RunOutcome(f"{arm}-{level}", 150, False, 0)]
+        for arm in ("moe-grpo", "moe-grpo-r3", "dense-grpo")
+        for level in ("fp32", "fp8")
+    }
+    fig = dose_response(outcomes, dose_layout(list(outcomes)))
+    assert len(fig.data) == 3
+    points = {(x, y) for trace in fig.data for x, y in zip(trace.x, trace.y, strict=True)}
+    assert len(points) == 6
+    assert len({trace.marker.symbol for trace in fig.data}) == 3
+    assert sum(trace.x[0] for trace in fig.data) == pytest.approx(0.0)

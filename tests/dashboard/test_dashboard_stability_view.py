@@ -178,8 +178,10 @@ def test_stability_page_shows_log_rank_median_ci_and_the_dose_chart(alice, make_
     assert "/stability/chart/dose?runs=" in html
     chart = alice.get("/stability/chart/dose", {"runs": ids})
     assert chart.status_code == 200
-    (trace,) = chart.json()["figure"]["data"]  # categorical x: read it raw
-    assert trace["x"] == ["fp32", "fp8"] and trace["text"] == ["0/2", "2/2"]
+    figure = chart.json()["figure"]
+    (trace,) = figure["data"]  # one arm: at the levels' ticks, named by ticktext
+    assert trace["x"] == [0.0, 1.0] and figure["layout"]["xaxis"]["ticktext"] == ["fp32", "fp8"]
+    assert trace["text"] == ["fp32: 0/2", "fp8: 2/2"]
 
 
 def _survival(html: str) -> dict[str, list[str]]:
