@@ -81,6 +81,9 @@ def test_a_run_logged_with_the_mlflow_client_is_a_lab_run(stack, client_env):
     assert fetched.info.experiment_id == experiment.experiment_id
     found = mlflow.search_runs([experiment.experiment_id], output_format="list")
     assert [r.info.run_id for r in found] == [run_id]
+    history = mlflow.MlflowClient().get_metric_history(run_id, "kl")
+    assert [m.step for m in history] == [0, 1, 2, 3, 4]
+    assert [m.value for m in history] == pytest.approx([0.01 * s for s in range(5)])
 
     # The lab's view: a finished external run in the experiment, mapped keys under the
     # lab's names, an unmapped one as it is

@@ -157,6 +157,45 @@ def get_run(run_id: Any) -> tuple[Run, TrackedRun]:
     return run, tracked
 
 
+def metric_history(run_id: Any, key: str) -> list[dict[str, Any]]:
+    """MLflow's GetMetricHistory: every stored point of the metric ``key`` (the name
+    as logged), by step. The store keeps one value per (step, key), the later
+    timestamp's (``_store_points``), and the timestamp of the latest point only: the
+    latest point carries its own, earlier ones the run's start time. A name never
+    logged has no points."""
+    from lab.runs.metrics.read import metric_series_many
+
+    run, tracked = get_run(run_id)
+    latest = tracked.latest_metrics.get(key)
+    if latest is None:
+        return []
+    stored = tracked.stored_as.get(key, key)
+    slot = metric_map.vector_slot(stored)
+    series_key = slot[0] if slot else stored
+    steps, values = metric_series_many([run.pk], [series_key])[run.pk].series.get(
+        series_key, ((), ())
+    )
+    start = tracked.start_time or 0
+    points = []
+    for step, value in zip(steps, values, strict=True):
+        if slot is not None:  # one expert's share, kept as a slot of the layer's vector
+            vector = value or []
+            value = vector[slot[1]] if slot[1] < len(vector) else None
+            if value is None:
+                continue
+        value = float(value)
+        step = int(step)
+        points.append(
+            {
+                "key": key,
+                "value": value if math.isfinite(value) else "NaN",
+                "timestamp": latest[1] if step == latest[2] else start,
+                "step": step,
+            }
+        )
+    return points
+
+
 def create_run(
     *,
     user,

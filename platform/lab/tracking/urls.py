@@ -22,6 +22,7 @@ ENDPOINTS = {
     "runs/log-parameter": views.runs_log_parameter,
     "runs/set-tag": views.runs_set_tag,
     "runs/delete-tag": views.runs_delete_tag,
+    "metrics/get-history": views.metrics_get_history,
 }
 
 PREFIXES = ("api/2.0/mlflow/", "ajax-api/2.0/mlflow/")

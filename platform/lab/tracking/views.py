@@ -335,6 +335,17 @@ def _points(entries: Any) -> list[payload.Point]:
     return payload.points(entries)
 
 
+MAX_HISTORY_PER_PAGE = 25000  # MLflow's GET_METRIC_HISTORY_MAX_RESULTS
+
+
+@endpoint("GET")
+def metrics_get_history(request, user, body):
+    key = payload.text(body, "metric_key", max_length=payload.MAX_ENTITY_KEY_LENGTH)
+    offset, limit = _page(body, MAX_HISTORY_PER_PAGE, MAX_HISTORY_PER_PAGE)
+    points = services.metric_history(_run_id(body), key)
+    return {"metrics": points[offset : offset + limit], **_next_token(offset, limit, len(points))}
+
+
 @endpoint("POST")
 def runs_log_batch(request, user, body):
     metrics = _points(body.get("metrics"))
