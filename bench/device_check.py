@@ -1,0 +1,478 @@
+"""The device check: one script to run first on a new GPU host (docs/gpu.md).
+
+    .venv/bin/python -m bench.device_check [--out bench/results/device_check] [--budget-s 480]
+    .venv/bin/python -m bench.device_check --dry      # on a CPU: the same code paths, tiny
+
+In at most ``--budget-s`` seconds on one GPU it records:
+
+1. ``step_times``: the median of each RL phase (``time/*``, synchronised at the
+   phase boundaries on CUDA) for the tiny MoE preset and the GPU presets.
+2. ``rollout``: rollout tokens/s of the engine against transformers'
+   ``generate()`` on the same Mixtral-shaped model and weights.
+3. ``moe_layer``: an MoE layer's forward+backward against the dense SwiGLU with
+   the same active parameters, and the MFU of each (6 x active params x tokens
+   FLOPs over the device's dense peak).
+4. ``collectives``: NCCL ``all_reduce`` and ``all_to_all`` bus bandwidth over
+   the GPUs present (nccl-tests' bus-bandwidth convention).
+5. ``numerics``: CPU-vs-GPU parity of training log-probs (same weights, same
+   tokens, fp32 with TF32 off; bf16 beside it for scale).
+6. ``same_seed``: the spread of two same-seed short runs, with
+   ``run.deterministic`` off and on.
+7. ``gpu_tests``: the ``gpu``-marked tests.
+
+It writes ``device_check.json`` and ``device_check.md`` into ``--out``. Without
+CUDA (or with ``--dry``) every check runs its code path at a tiny shape on the
+CPU, or says why it skipped; those numbers check the script, not a device, and
+the summary says so on its face. CI runs the dry mode
+(tests/trainer/test_device_check.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import environment
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench" / "results" / "device_check"
+# Dense bf16 tensor-core peaks (FLOP/s) by device name, from the vendors' data sheets
+# (SXM parts; without sparsity). A device not listed gets no MFU.
+BF16_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+@dataclass
+class Context:
+    device: torch.device
+    dry: bool
+    deadline: float
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def _skipped(reason: str) -> dict[str, Any]:
+    return {"status": "skipped", "reason": reason}
+
+
+def _median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of ``fn`` after two warm-up calls; synchronised on CUDA."""
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+# --------------------------------------------------------------------------- 1. step times
+def _short_run(preset: str, steps: int, ctx: Context, extra: list[str] = ()) -> list[dict]:
+    """``steps`` RL steps of ``preset`` from a fresh policy (no warm start: the timing and
+    the numerics do not need a base that answers); the metrics rows."""
+    from trainer.config import apply_overrides
+    from trainer.presets import preset_dict
+    from trainer.run_files import read_metrics
+    from trainer.runner import train
+    from trainer.validation import validate_config
+
+    overrides = [
+        f"run.steps={steps}",
+        f"run.eval_every={steps + 1}",
+        f"run.checkpoint_every={steps + 1}",
+        "warm_start.enabled=false",
+        f"run.device={ctx.device.type}",
+    ]
+    if ctx.dry:  # a tiny batch: the dry mode checks the path, it measures nothing
+        overrides += ["run.threads=1", "rollout.prompts_per_step=4", "rollout.group_size=2"]
+    cfg = validate_config(apply_overrides(preset_dict(preset), [*overrides, *extra]))
+    with tempfile.TemporaryDirectory(prefix="device-check-") as tmp:
+        train(cfg, Path(tmp))
+        return read_metrics(Path(tmp))
+
+
+def step_times(ctx: Context) -> dict[str, Any]:
+    from trainer import metric_keys as K
+
+    presets = ["moe-grpo"] if ctx.dry else ["moe-grpo", "gpu-dense-grpo", "gpu-moe16-grpo"]
+    phases = {"rollout_s": K.TIME_ROLLOUT_S, "measure_s": K.TIME_MISMATCH_S,
+              "update_s": K.TIME_TRAIN_S, "step_s": K.TIME_STEP_S}  # fmt: skip
+    rows = []
+    for preset in presets:
+        if ctx.left() < 60:
+            rows.append({"preset": preset, **_skipped("time budget spent")})
+            continue
+        metrics = _short_run(preset, 3 if ctx.dry else 8, ctx)[1:]  # the first step compiles
+        rows.append(
+            {
+                "preset": preset,
+                "status": "ran",
+                **{
+                    name: statistics.median(r[key] for r in metrics) for name, key in phases.items()
+                },
+                "rollout_tokens_per_s": statistics.median(
+                    r[K.THROUGHPUT_TOKENS_PER_S] for r in metrics
+                ),
+            }
+        )
+    return {"status": "ran", "rows": rows}
+
+
+# --------------------------------------------------------------------------- 2. rollout
+def _mixtral_pair(ctx: Context, layers: int, d: int, experts: int, hidden: int, vocab: int):
+    """The lab's engine and transformers' Mixtral with the same weights (via the lab's
+    Hugging Face export and import), or None when transformers is missing."""
+    try:
+        from transformers import MixtralConfig, MixtralForCausalLM
+    except ImportError:
+        return None
+    from trainer.config import ExperimentConfig
+    from trainer.hf import build_model, resolve_model_source
+    from trainer.rollout import RolloutEngine
+
+    config = MixtralConfig(
+        vocab_size=vocab, hidden_size=d, intermediate_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=max(d // 64, 2), num_key_value_heads=max(d // 128, 1),
+        num_local_experts=experts, num_experts_per_tok=2, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = MixtralForCausalLM(config).eval()
+    with tempfile.TemporaryDirectory(prefix="device-check-hf-") as tmp:
+        hf.save_pretrained(tmp)
+        cfg = ExperimentConfig.model_validate({"model": {"source": tmp, "max_seq_len": 512}})
+        model_cfg = resolve_model_source(cfg).model
+        model = build_model(model_cfg, model_cfg.vocab_size)
+    precision = "fp32" if ctx.device.type == "cpu" else "bf16"
+    engine = RolloutEngine(model_cfg, model_cfg.vocab_size, precision=precision, device=ctx.device)
+    engine.load_weights(model.state_dict())
+    dtype = torch.float32 if ctx.device.type == "cpu" else torch.bfloat16
+    return engine, hf.to(ctx.device, dtype)
+
+
+def rollout(ctx: Context) -> dict[str, Any]:
+    shape = (2, 128, 4, 256, 512) if ctx.dry else (8, 1024, 16, 2048, 32000)
+    batch, prompt_len, new_tokens = (4, 8, 8) if ctx.dry else (64, 128, 256)
+    pair = _mixtral_pair(ctx, *shape)
+    if pair is None:
+        return _skipped("transformers is not installed")
+    engine, hf = pair
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, shape[-1], (batch, prompt_len), generator=gen).to(ctx.device)
+    mask = torch.ones_like(prompt, dtype=torch.bool)
+
+    def ours():
+        engine.generate(prompt, mask, new_tokens, temperature=1.0)
+
+    def theirs():
+        with torch.no_grad():
+            hf.generate(prompt, attention_mask=mask.long(), max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens, do_sample=True, pad_token_id=0)  # fmt: skip
+
+    repeats = 1 if ctx.dry else 3
+    times = {name: _median_time(fn, ctx.device, repeats) for name, fn in
+             (("engine", ours), ("transformers", theirs))}  # fmt: skip
+    tokens = batch * new_tokens
+    return {
+        "status": "ran",
+        "shape": {
+            "layers": shape[0],
+            "d_model": shape[1],
+            "experts": shape[2],
+            "expert_hidden": shape[3],
+            "batch": batch,
+            "prompt": prompt_len,
+            "new_tokens": new_tokens,
+        },
+        "engine_tokens_per_s": tokens / times["engine"],
+        "transformers_tokens_per_s": tokens / times["transformers"],
+        "speedup": times["transformers"] / times["engine"],
+    }
+
+
+# --------------------------------------------------------------------------- 3. MoE layer
+def _peak_flops(ctx: Context) -> float | None:
+    if ctx.device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(ctx.device)
+    return next((peak for key, peak in BF16_PEAK_FLOPS.items() if key in name), None)
+
+
+def moe_layer(ctx: Context) -> dict[str, Any]:
+    from trainer.model.layers import SwiGLU
+    from trainer.model.moe import MoELayer
+
+    d, experts, top_k, hidden, tokens = (
+        (64, 8, 2, 128, 256) if ctx.dry else (2048, 64, 8, 1024, 16384)
+    )
+    dtype = torch.float32 if ctx.device.type == "cpu" else torch.bfloat16
+    torch.manual_seed(0)
+    moe = MoELayer(d, experts, top_k, hidden).to(ctx.device, dtype)
+    dense = SwiGLU(d, top_k * hidden).to(ctx.device, dtype)
+    # (B, T, D): 8 sequences of tokens / 8
+    x = torch.randn(8, tokens // 8, d, device=ctx.device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+
+    def step(fn):
+        def run():
+            x.grad = None
+            fn(x).backward(grad)
+
+        return run
+
+    repeats = 2 if ctx.dry else 10
+    seconds = {
+        "moe": _median_time(step(lambda t: moe(t)[0]), ctx.device, repeats),
+        "dense_active": _median_time(step(dense), ctx.device, repeats),
+    }
+    active = 3 * d * hidden * top_k + d * experts  # SwiGLU experts routed to, and the router
+    flops = 6 * active * tokens  # forward 2, backward 4 FLOPs per parameter and token
+    peak = _peak_flops(ctx)
+    from trainer.model.dispatch import resolve_backend
+
+    backend = resolve_backend(moe.experts.backend, x, (d, hidden))
+    return {
+        "status": "ran",
+        "shape": {
+            "d_model": d,
+            "experts": experts,
+            "top_k": top_k,
+            "expert_hidden": hidden,
+            "tokens": tokens,
+            "dtype": str(dtype).removeprefix("torch."),
+        },
+        "backend": backend,
+        "moe_ms": 1000 * seconds["moe"],
+        "dense_active_ms": 1000 * seconds["dense_active"],
+        "moe_over_dense": seconds["moe"] / seconds["dense_active"],
+        "mfu_moe": None if peak is None else flops / seconds["moe"] / peak,
+        "mfu_dense_active": None if peak is None else flops / seconds["dense_active"] / peak,
+    }
+
+
+# --------------------------------------------------------------------------- 4. collectives
+def _collective_rank(rank: int, world: int, backend: str, port: int, size_mb: int, queue) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    numel = size_mb * 2**20 // 4
+    numel -= numel % world
+    data = torch.ones(numel, device=device)
+    out = torch.empty_like(data)
+
+    def timed(fn, repeats: int = 5) -> float:
+        fn()
+        dist.barrier()
+        samples = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    seconds = {
+        "all_reduce": timed(lambda: dist.all_reduce(data)),
+        "all_to_all": timed(lambda: dist.all_to_all_single(out, data)),
+    }
+    if rank == 0:
+        queue.put(seconds)
+    dist.destroy_process_group()
+
+
+def collectives(ctx: Context) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    if ctx.dry:
+        backend, world, size_mb = "gloo", 2, 4
+    else:
+        world = torch.cuda.device_count()
+        if world < 2:
+            return _skipped(f"needs 2 or more GPUs ({world} present)")
+        backend, size_mb = "nccl", 256
+    spawn = mp.get_context("spawn")
+    queue = spawn.SimpleQueue()
+    port = 29500 + os.getpid() % 1000
+    processes = [
+        spawn.Process(target=_collective_rank, args=(r, world, backend, port, size_mb, queue))
+        for r in range(world)
+    ]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(timeout=max(ctx.left(), 30))
+    if any(p.exitcode != 0 for p in processes):
+        return {
+            "status": "failed",
+            "reason": f"a rank exited with {[p.exitcode for p in processes]}",
+        }
+    seconds = queue.get()
+    size = size_mb * 2**20
+    # Bus bandwidth as nccl-tests report it: all_reduce moves 2 (n-1)/n of the
+    # buffer per rank, all_to_all (n-1)/n.
+    factor = {"all_reduce": 2 * (world - 1) / world, "all_to_all": (world - 1) / world}
+    return {
+        "status": "ran",
+        "backend": backend,
+        "ranks": world,
+        "size_mb": size_mb,
+        **{f"{op}_busbw_gbps": factor[op] * size / s / 1e9 for op, s in seconds.items()},
+    }
+
+
+# --------------------------------------------------------------------------- 5. numerics
+def numerics(ctx: Context) -> dict[str, Any]:
+    if ctx.device.type != "cuda":
+        return _skipped("needs CUDA: the check compares a GPU's log-probs with the CPU's")
+    from trainer.algorithms.losses import gather_logprobs
+    from trainer.config import ModelConfig
+    from trainer.model import TransformerLM
+
+    cfg = ModelConfig(n_layers=4, d_model=256, n_heads=4, n_experts=8, top_k=2,
+                      expert_hidden=512, max_seq_len=128)  # fmt: skip
+    torch.manual_seed(0)
+    cpu_model = TransformerLM(cfg, 512).eval()
+    tokens = torch.randint(3, 512, (8, 96), generator=torch.Generator().manual_seed(1))
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            reference = gather_logprobs(cpu_model(tokens).logits, tokens)
+            gpu_model = TransformerLM(cfg, 512).to(ctx.device).eval()
+            gpu_model.load_state_dict(cpu_model.state_dict())
+            fp32 = gather_logprobs(gpu_model(tokens.to(ctx.device)).logits, tokens.to(ctx.device))
+            gpu_model = gpu_model.to(torch.bfloat16)
+            bf16 = gather_logprobs(
+                gpu_model(tokens.to(ctx.device)).logits.float(), tokens.to(ctx.device)
+            )
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return {
+        "status": "ran",
+        "fp32_max_abs_diff": float((fp32.cpu() - reference).abs().max()),
+        "bf16_max_abs_diff": float((bf16.cpu() - reference).abs().max()),
+    }
+
+
+# --------------------------------------------------------------------------- 6. same seed
+def same_seed(ctx: Context) -> dict[str, Any]:
+    from trainer import metric_keys as K
+
+    keys = [K.POLICY_LOSS, K.MISMATCH_KL_K3, K.POLICY_GRAD_NORM]
+    modes = ["false"] if ctx.dry else ["false", "true"]
+    spread = {}
+    for mode in modes:
+        if ctx.left() < 60:
+            spread[f"deterministic={mode}"] = None
+            continue
+        runs = [_short_run("moe-grpo", 3, ctx, [f"run.deterministic={mode}"]) for _ in range(2)]
+        spread[f"deterministic={mode}"] = max(
+            abs(a[k] - b[k]) for a, b in zip(*runs, strict=True) for k in keys if k in a
+        )
+    return {"status": "ran", "max_abs_metric_diff": spread, "metrics": keys}
+
+
+# --------------------------------------------------------------------------- 7. gpu tests
+def gpu_tests(ctx: Context) -> dict[str, Any]:
+    if ctx.device.type != "cuda":
+        return _skipped("needs CUDA: the gpu-marked tests skip themselves on a CPU")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=max(ctx.left(), 60),
+    )  # fmt: skip
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    return {"status": "ran" if done.returncode in (0, 5) else "failed", "summary": tail[0]}
+
+
+CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "step_times": step_times,
+    "rollout": rollout,
+    "moe_layer": moe_layer,
+    "collectives": collectives,
+    "numerics": numerics,
+    "same_seed": same_seed,
+    "gpu_tests": gpu_tests,
+}
+
+
+def run_checks(ctx: Context, only: list[str] | None = None) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name, check in CHECKS.items():
+        if only and name not in only:
+            continue
+        start = time.monotonic()
+        if ctx.left() <= 0:
+            results[name] = _skipped("time budget spent")
+            continue
+        try:
+            results[name] = check(ctx)
+        except Exception as exc:  # one broken check must not hide the others' numbers
+            results[name] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+        results[name]["seconds"] = round(time.monotonic() - start, 2)
+    return results
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Device check: {report['device']}", ""]
+    if report["dry"]:
+        lines += [
+            "**Dry run (no GPU):** every check ran its code path at a tiny shape on the CPU "
+            "or skipped; these numbers check the script, not a device.",
+            "",
+        ]
+    lines += ["| check | status | seconds | result |", "|---|---|---|---|"]
+    for name, result in report["checks"].items():
+        shown = {k: v for k, v in result.items() if k not in ("status", "seconds")}
+        text = json.dumps(shown, default=str)
+        lines.append(f"| {name} | {result['status']} | {result.get('seconds', '')} | `{text}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--dry", action="store_true", help="CPU, tiny shapes (also without CUDA)")
+    parser.add_argument("--only", nargs="*", choices=sorted(CHECKS), help="run only these checks")
+    args = parser.parse_args(argv)
+    dry = args.dry or not torch.cuda.is_available()
+    device = torch.device("cpu") if dry else torch.device("cuda", 0)
+    ctx = Context(device=device, dry=dry, deadline=time.monotonic() + args.budget_s)
+    report = {
+        "device": "cpu (dry)" if dry else torch.cuda.get_device_name(device),
+        "dry": dry,
+        "environment": environment(),
+        "checks": run_checks(ctx, args.only),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "device_check.json").write_text(json.dumps(report, indent=2, default=str))
+    (args.out / "device_check.md").write_text(markdown(report))
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
