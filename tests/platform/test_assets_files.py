@@ -288,3 +288,93 @@ def test_a_checkpoint_replaced_after_registration_is_checked_again(api, experime
     assert refused.status_code == 400
     assert refused.json()["errors"]["config.model.source"][0].startswith("model.safetensors: ")
     assert Run.objects.count() == 1
+
+
+# ----------------------------------------------------------------- large datasets
+
+
+@pytest.fixture
+def big_file(tmp_path, settings) -> Path:
+    """A dataset file over the inline limit (lowered to 100 bytes for the test)."""
+    settings.LAB_DATASET_INLINE_BYTES = 100
+    path = tmp_path / "big.jsonl"
+    rows = [{"question": f"Ana has {i} apples and gets 1 more.", "answer": f"#### {i + 1}"}
+            for i in range(20)]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
+    return path
+
+
+def test_a_large_dataset_is_checked_by_the_control_worker_not_the_request(
+    api, user, experiment, big_file, monkeypatch, django_capture_on_commit_callbacks
+):
+    from lab.assets.services import check_dataset
+
+    sent = []
+    monkeypatch.setattr(
+        "lab.site.celery.app.send_task", lambda name, args, **kw: sent.append((name, args, kw))
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.post("/api/datasets", {"name": "big", "path": str(big_file)}, format="json")
+    assert response.status_code == 201, response.content[:300]
+    body = response.json()
+    assert (body["status"], body["rows"], body["problems"]) == ("checking", 0, 0)
+    assert sent == [("assets.check_dataset", [body["id"]], {"queue": "control", "retry": False})]
+    client = Client()
+    client.force_login(user)
+    assert "checking</span>" in client.get("/assets/").content.decode()
+    # Until the check is done no run picks it, on the API or in the form.
+    api.raise_request_exception = False
+    refused = api.post(
+        "/api/runs", {"experiment": experiment.pk, "preset": "moe-grpo", "dataset": "big"},
+        format="json",
+    )  # fmt: skip
+    assert refused.status_code == 400, refused.content[:300]
+    assert "still being checked" in refused.json()["errors"]["dataset"][0]
+    # The worker's side: checked once, a repeated delivery does nothing.
+    assert check_dataset(body["id"]) == "ready" and check_dataset(body["id"]) == "skipped"
+    dataset = RegisteredDataset.objects.get()
+    assert (dataset.status, dataset.rows, dataset.problems) == ("ready", 21, 20)
+    assert "not valid JSON" in " ".join(dataset.skipped)
+    accepted = api.post(
+        "/api/runs", {"experiment": experiment.pk, "preset": "moe-grpo", "dataset": "big"},
+        format="json",
+    )  # fmt: skip
+    assert accepted.status_code == 201, accepted.content[:300]
+    assert accepted.json()["config"]["task"]["data_file"] == str(big_file)
+
+
+def test_a_large_dataset_that_fails_its_check_says_why_and_is_never_picked(
+    api, experiment, big_file, monkeypatch, django_capture_on_commit_callbacks
+):
+    from lab.assets.services import check_dataset
+
+    monkeypatch.setattr("lab.site.celery.app.send_task", lambda *a, **kw: None)
+    with django_capture_on_commit_callbacks(execute=True):
+        body = api.post(
+            "/api/datasets", {"name": "big", "path": str(big_file), "answer_field": "nope"},
+            format="json",
+        ).json()  # fmt: skip
+    assert check_dataset(body["id"]) == "failed"
+    failed = api.get(f"/api/datasets/{body['id']}").json()
+    assert failed["status"] == "failed" and "no row has a field 'nope'" in failed["error"]
+    api.raise_request_exception = False
+    refused = api.post(
+        "/api/runs", {"experiment": experiment.pk, "preset": "moe-grpo", "dataset": "big"},
+        format="json",
+    )  # fmt: skip
+    assert (
+        refused.status_code == 400 and "failed its check" in refused.json()["errors"]["dataset"][0]
+    )
+
+
+def test_a_broker_that_refuses_the_check_fails_the_dataset_with_the_reason(
+    api, big_file, monkeypatch, django_capture_on_commit_callbacks
+):
+    def refuse(*args, **kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr("lab.site.celery.app.send_task", refuse)
+    with django_capture_on_commit_callbacks(execute=True):
+        api.post("/api/datasets", {"name": "big", "path": str(big_file)}, format="json")
+    dataset = RegisteredDataset.objects.get()
+    assert dataset.status == "failed" and "broker down" in dataset.error

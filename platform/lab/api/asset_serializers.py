@@ -42,5 +42,7 @@ class RegisteredDatasetSerializer(serializers.ModelSerializer):
         model = RegisteredDataset
         fields = [
             "id", "name", "path", "prompt_field", "prompt_template", "answer_field",
-            "verifier", "rows", "problems", "skipped", "description", "owner", "created_at",
+            "verifier", "status", "error", "rows", "problems", "skipped", "description",
+            "owner", "created_at",
         ]  # fmt: skip
+        read_only_fields = ["status", "error"]

@@ -41,9 +41,16 @@ class RegisteredModel(models.Model):
         return self.name
 
 
+class DatasetStatus(models.TextChoices):
+    CHECKING = "checking"  # a large file, queued for the control worker's check
+    READY = "ready"
+    FAILED = "failed"  # the check refused the file; ``error`` says why
+
+
 class RegisteredDataset(models.Model):
     """A JSONL/Parquet file of prompts and answers, checked when registered (it parses
-    and has the named fields); runs pick it as their text task's data file."""
+    and has the named fields); runs pick it as their text task's data file once it is
+    ready. A large file is checked by the control queue's worker, outside the request."""
 
     name = models.CharField(max_length=100, unique=True, help_text=NAME_HELP)
     path = models.CharField(max_length=1000, help_text="Absolute file path (or a shipped name).")
@@ -51,8 +58,14 @@ class RegisteredDataset(models.Model):
     prompt_template = models.TextField(blank=True, help_text="Empty = the prompt field as is.")
     answer_field = models.CharField(max_length=100, default="answer")
     verifier = models.CharField(max_length=16, choices=Verifier.choices, default=Verifier.NUMERIC)
-    rows = models.IntegerField(help_text="Rows in the file when registered.")
-    problems = models.IntegerField(help_text="Usable rows (the rest are counted as bad).")
+    rows = models.IntegerField(default=0, help_text="Rows in the file when checked.")
+    problems = models.IntegerField(
+        default=0, help_text="Usable rows (the rest are counted as bad)."
+    )
+    status = models.CharField(
+        max_length=16, choices=DatasetStatus.choices, default=DatasetStatus.READY
+    )
+    error = models.TextField(blank=True, help_text="Why the check refused the file.")
     skipped = models.JSONField(
         default=dict,
         blank=True,

@@ -4,18 +4,24 @@ run config a registered model or dataset stands for."""
 from __future__ import annotations
 
 import json
+import logging
 import re
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from lab.assets.checks import inspect_checkpoint, inspect_dataset
-from lab.assets.models import RegisteredDataset, RegisteredModel, Verifier
+from lab.assets.models import DatasetStatus, RegisteredDataset, RegisteredModel, Verifier
 from lab.assets.roots import check_path
 from lab.text import clean_text
 from trainer.errors import FieldError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+CHECK_DATASET_TASK = "assets.check_dataset"
+CHECK_QUEUE = "control"  # the reconciler's worker, live in every deployment
+log = logging.getLogger("lab.assets")
 
 
 def _check_name(name: Any, model: type) -> str:
@@ -69,6 +75,7 @@ def register_model(*, owner, name: str, path: str, description: str = "") -> Reg
 
 
 @transaction.atomic
+@transaction.atomic
 def register_dataset(
     *,
     owner,
@@ -80,7 +87,9 @@ def register_dataset(
     verifier: str = Verifier.NUMERIC,
     description: str = "",
 ) -> RegisteredDataset:
-    """Check the data file (``checks.inspect_dataset``) and store it."""
+    """Check the data file (``checks.inspect_dataset``) and store it. A file larger
+    than ``LAB_DATASET_INLINE_BYTES`` is stored as "checking" and checked by the
+    control queue's worker (``check_dataset``), never inside the web request."""
     name = _check_name(name, RegisteredDataset)
     path = _check_path(path, shipped_names=True)
     prompt_field = clean_text("prompt_field", prompt_field, max_length=100, required=True)
@@ -91,21 +100,75 @@ def register_dataset(
     if verifier not in Verifier.values:
         raise FieldError([("verifier", f"choose one of: {', '.join(Verifier.values)}")])
     description = clean_text("description", description, max_length=5000, multiline=True)
+    fields = dict(
+        name=name, path=path, prompt_field=prompt_field, answer_field=answer_field,
+        prompt_template=prompt_template, verifier=verifier, description=description,
+        owner=owner,
+    )  # fmt: skip
+    if _file_size(path) > settings.LAB_DATASET_INLINE_BYTES:
+        dataset = _create(RegisteredDataset, status=DatasetStatus.CHECKING, **fields)
+        transaction.on_commit(lambda: _publish_check(dataset.pk))
+        return dataset
     facts = inspect_dataset(path, prompt_field, answer_field, prompt_template, verifier)
     return _create(
         RegisteredDataset,
-        name=name,
-        path=path,
-        prompt_field=prompt_field,
-        answer_field=answer_field,
-        prompt_template=prompt_template,
-        verifier=verifier,
         rows=facts.rows,
         problems=facts.problems,
         skipped=facts.skipped,
-        description=description,
-        owner=owner,
+        **fields,
     )
+
+
+def _file_size(path: str) -> int:
+    """The data file's size (a shipped name resolves to the file the lab ships); a file
+    that is missing is left to ``inspect_dataset``'s field error (size 0)."""
+    from trainer.tasks.text_data import SHIPPED_DATA
+
+    candidate = Path(path) if Path(path).is_absolute() else SHIPPED_DATA / path
+    try:
+        return candidate.stat().st_size
+    except OSError:
+        return 0
+
+
+def _publish_check(dataset_id: int) -> None:
+    """Send the check to the control queue; a broker that refuses fails the dataset
+    with the reason (registering it again retries)."""
+    from lab.site.celery import app
+
+    try:
+        app.send_task(CHECK_DATASET_TASK, args=[dataset_id], queue=CHECK_QUEUE, retry=False)
+    except Exception as exc:  # kombu/redis raise many types for "broker down"
+        RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
+            status=DatasetStatus.FAILED, error=f"could not queue the check: {exc}"
+        )
+
+
+def check_dataset(dataset_id: int) -> str:
+    """The control worker's side: read the file of a dataset still "checking" and store
+    what it holds (ready), or why it is refused (failed). Idempotent: a dataset no
+    longer checking (a repeated delivery) is left as it is; a worker lost mid-check
+    leaves it checking, and the redelivered message checks it again."""
+    dataset = RegisteredDataset.objects.filter(pk=dataset_id).first()
+    if dataset is None or dataset.status != DatasetStatus.CHECKING:
+        return "skipped"
+    try:
+        facts = inspect_dataset(
+            dataset.path, dataset.prompt_field, dataset.answer_field,
+            dataset.prompt_template, dataset.verifier,
+        )  # fmt: skip
+    except FieldError as exc:
+        message = "; ".join(f"{path}: {text}" for path, text in exc.errors)
+        RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
+            status=DatasetStatus.FAILED, error=message[:4000]
+        )
+        return DatasetStatus.FAILED
+    RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
+        status=DatasetStatus.READY, rows=facts.rows, problems=facts.problems,
+        skipped=facts.skipped, error="",
+    )  # fmt: skip
+    log.info("dataset %s checked: %s problems of %s rows", dataset_id, facts.problems, facts.rows)
+    return DatasetStatus.READY
 
 
 def model_overrides(model: RegisteredModel) -> list[str]:
@@ -115,8 +178,14 @@ def model_overrides(model: RegisteredModel) -> list[str]:
     return [f"model.{key}={json.dumps(value)}" for key, value in fields.items()]
 
 
-def dataset_overrides(dataset: RegisteredDataset) -> list[str]:
-    """A text task on the dataset's file (the whole task section is replaced)."""
+def dataset_overrides(dataset: RegisteredDataset, field: str = "dataset") -> list[str]:
+    """A text task on the dataset's file (the whole task section is replaced); a
+    FieldError on ``field`` (the request's name for the choice) while the file is
+    still being checked, or after its check failed."""
+    if dataset.status == DatasetStatus.CHECKING:
+        raise FieldError([(field, f"{dataset.name!r} is still being checked; try again soon")])
+    if dataset.status == DatasetStatus.FAILED:
+        raise FieldError([(field, f"{dataset.name!r} failed its check: {dataset.error}")])
     task = {
         "name": "text",
         "data_file": dataset.path,
@@ -129,10 +198,12 @@ def dataset_overrides(dataset: RegisteredDataset) -> list[str]:
 
 
 def asset_overrides(
-    model: RegisteredModel | None = None, dataset: RegisteredDataset | None = None
+    model: RegisteredModel | None = None,
+    dataset: RegisteredDataset | None = None,
+    dataset_field: str = "dataset",
 ) -> list[str]:
     return (model_overrides(model) if model else []) + (
-        dataset_overrides(dataset) if dataset else []
+        dataset_overrides(dataset, dataset_field) if dataset else []
     )
 
 
@@ -149,4 +220,6 @@ def picked_assets(form: Any) -> list[str]:
             picked[field] = model.objects.filter(name=name).first()
             if picked[field] is None:
                 raise FieldError([(field, f"{name!r} is not registered")])
-    return asset_overrides(picked.get("registered_model"), picked.get("registered_dataset"))
+    return asset_overrides(
+        picked.get("registered_model"), picked.get("registered_dataset"), "registered_dataset"
+    )

@@ -16,6 +16,7 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
+from lab.assets import services as assets
 from lab.jobs import services, supervisor
 from lab.runs import exports
 from lab.runs.metrics.seal import seal_unsealed_runs
@@ -47,6 +48,12 @@ def execute_run(self, run_id: int) -> str:
     if claim is None:
         return "skipped"
     return supervisor.execute_claim(claim)
+
+
+@shared_task(name=assets.CHECK_DATASET_TASK, acks_late=True, ignore_result=True)
+def check_dataset(dataset_id: int) -> str:
+    """Check a large registered dataset's file (assets/services.check_dataset)."""
+    return assets.check_dataset(int(dataset_id))
 
 
 @shared_task(name=exports.EXPORT_TASK, acks_late=True, ignore_result=True)

@@ -263,6 +263,9 @@ LAB_MAX_USER_PRIORITY = int(os.environ.get("LAB_MAX_USER_PRIORITY", 5))  # above
 LAB_MAX_MODEL_PARAMS = int(float(os.environ.get("LAB_MAX_MODEL_PARAMS", 2e9)))
 LAB_MAX_QUEUED_RUNS_PER_USER = int(os.environ.get("LAB_MAX_QUEUED_RUNS_PER_USER", 500))
 LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 256))
+# A dataset file larger than this is checked by the control queue's worker, not inside
+# the web request that registers it (it shows as "checking" until then).
+LAB_DATASET_INLINE_BYTES = int(os.environ.get("LAB_DATASET_INLINE_BYTES", 16 * 1024**2))
 LAB_QUEUES = [q for q in os.environ.get("LAB_QUEUES", "cpu,gpu-a100").split(",") if q]
 LAB_DEFAULT_QUEUE = os.environ.get("LAB_DEFAULT_QUEUE", "cpu")
 # What this worker process can run (lab/jobs/capacity.py): GPUs it owns (default:
