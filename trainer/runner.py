@@ -85,7 +85,7 @@ from trainer.run_guard import Lease, LeaseExpired, RunDirLock
 from trainer.schedules import entropy_coef_at, lr_at, prompts_at
 from trainer.tasks import Problem, Task, make_task
 from trainer.update import PolicyUpdater, measure_batch
-from trainer.warmstart import train_base_policy
+from trainer.warmstart import missed_target, train_base_policy
 from trainer.warmstart_progress import WarmStartReporter
 
 
@@ -374,6 +374,8 @@ def _build(
         f"base policy: held-out accuracy {base.accuracy:.3f} after {base.steps} SFT steps"
         + (" (cached)" if base.cached else "")
     )
+    if (missed := missed_target(cfg, base.accuracy, base.steps)) is not None:
+        log(f"WARNING: {missed}")
     torch.manual_seed(cfg.run.seed)
     value_head = cfg.algorithm.spec.has_value_head
     policy = TransformerLM(cfg.model, vocab_size, value_head=value_head).to(device)

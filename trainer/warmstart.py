@@ -147,6 +147,28 @@ def train_base_policy(
     return WarmStartResult(state, acc, steps, False, key)
 
 
+def missed_target(cfg: ExperimentConfig, accuracy: float, steps: int) -> str | None:
+    """What a base outside the target band means, in words for the run's log; None when
+    the base landed in [target_accuracy_low, target_accuracy_high] (or the warm start
+    is off)."""
+    ws = cfg.warm_start
+    if not ws.enabled:
+        return None
+    if accuracy < ws.target_accuracy_low:
+        return (
+            f"warm start missed its target: held-out accuracy {accuracy:.3f} after {steps} of "
+            f"warm_start.max_steps={ws.max_steps} SFT steps, below target_accuracy_low="
+            f"{ws.target_accuracy_low}; RL starts from a policy that is rarely right, so most "
+            "groups have no reward signal (raise warm_start.max_steps or warm_start.lr)"
+        )
+    if accuracy > ws.target_accuracy_high:
+        return (
+            f"warm start overshot its target: held-out accuracy {accuracy:.3f} is above "
+            f"target_accuracy_high={ws.target_accuracy_high}; RL has little left to learn"
+        )
+    return None
+
+
 def _train(
     cfg: ExperimentConfig,
     task: Task,

@@ -81,3 +81,21 @@ def test_a_run_reports_its_warm_start_then_a_cache_hit(tmp_path, monkeypatch, ca
     second = json.loads((tmp_path / "second" / PROGRESS_FILE).read_text())
     assert second[K.WARMSTART_CACHED] is True and second[K.PHASE] == K.PHASE_TRAINING
     assert "using the cached base policy" in capsys.readouterr().err
+
+
+def test_a_warm_start_that_misses_its_target_says_so(tmp_path, monkeypatch, capsys):
+    """Two SFT steps cannot reach a 0.9 target: the run says the base missed it, with
+    the numbers and what to change, instead of starting RL silently."""
+    from trainer.warmstart import missed_target
+
+    monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
+    overrides = [*FAST, "warm_start.max_steps=2", "warm_start.eval_every=1",
+                 "warm_start.target_accuracy_low=0.9", "warm_start.target_accuracy_high=1.0"]  # fmt: skip
+    cfg = validate_config(apply_overrides(preset_dict("moe-grpo"), overrides))
+    train(cfg, tmp_path / "run")
+    out = capsys.readouterr().err  # the run's log
+    assert "WARNING: warm start missed its target" in out
+    assert "after 2 of warm_start.max_steps=2 SFT steps" in out and "target_accuracy_low=0.9" in out
+    assert missed_target(cfg, 0.95, 10) is None
+    assert "overshot" in missed_target(cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(
+        update={"target_accuracy_high": 0.92})}), 0.95, 10)  # fmt: skip
