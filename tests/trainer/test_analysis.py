@@ -171,6 +171,31 @@ def test_detector_error_rates_in_the_study_regime():
     assert abs(found["median_dating_error"]) <= 5
 
 
+def test_detector_on_real_runs_with_an_injected_collapse():
+    """A real-looking run at 0.4 that never falls is not flagged; the same run with
+    every correct answer thinned to a fifth from step 60 on is, within a few steps."""
+    import numpy as np
+
+    from trainer.analysis.detector_error import RealRun, judge_real, real_runs_error
+    from trainer.config import CollapseConfig
+
+    rng = np.random.default_rng(0)
+    run = RealRun(
+        name="flat/seed0",
+        batch=rng.binomial(128, 0.4, 150) / 128,
+        evals={s: float(rng.binomial(256, 0.4) / 256) for s in range(0, 150, 10)},
+        samples=128, eval_samples=256, cfg=CollapseConfig(),
+    )  # fmt: skip
+    assert judge_real(run) == (False, None, None)
+    keep = np.ones(150)
+    keep[60:] = 0.2
+    collapsed, known, dated = judge_real(run, keep, np.random.default_rng(1))
+    assert collapsed and 60 <= known <= 75 and 55 <= dated <= 70
+    summary = real_runs_error([run, run], seed=3)
+    assert summary["flagged_as_they_are"] == 0 and summary["injected_found"] == 1.0
+    assert summary["median_delay"] <= 15
+
+
 def test_collapse_rate_bound_is_the_exact_binomial_bound():
     from trainer.analysis.causal_report import collapse_rate_bound, decide
 

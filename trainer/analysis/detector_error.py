@@ -20,6 +20,15 @@ steps (binomial at the true level: greedy answers are deterministic given
 the model, but which problems the model gets right is what the level sets).
 
     python -m trainer.analysis.detector_error --levels 0.2,0.3,0.4 --runs 400
+
+The same two errors on real runs (``--real DIR``: every finished run folder under
+a study folder): the detector's verdict on each run as it is, and a collapse
+injected into each run's own metrics at a random step in [30, steps - 40] (from
+there every correct answer, in the batch and on the held-out set, is kept with
+a probability falling from 1 to ``fall_to`` over ``fall_steps`` steps: binomial
+thinning of the run's real, noisy counts).
+
+    python -m trainer.analysis.detector_error --real docs/results/causal/runs
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer import metric_keys as K
 from trainer.collapse import CollapseDetector
-from trainer.config import CollapseConfig
+from trainer.config import CollapseConfig, ExperimentConfig
+from trainer.run_files import CONFIG_FILE, read_metrics, run_succeeded
 
 PROMPT_CONCENTRATION = 0.4
 
@@ -120,6 +131,97 @@ def injected(
     }
 
 
+@dataclass(frozen=True)
+class RealRun:
+    """One finished run's detector inputs: batch accuracy per step (steps,), held-out
+    accuracy at its evaluation steps, and the sample sizes behind each."""
+
+    name: str
+    batch: np.ndarray
+    evals: dict[int, float]
+    samples: int
+    eval_samples: int
+    cfg: CollapseConfig
+
+
+def read_real_runs(study_dir: Path) -> list[RealRun]:
+    """Every finished run folder under ``study_dir`` (``<variant>/seed<k>``)."""
+    runs = []
+    for run_dir in sorted(p.parent for p in study_dir.glob(f"*/seed*/{CONFIG_FILE}")):
+        if not run_succeeded(run_dir):
+            continue
+        cfg = ExperimentConfig.model_validate(json.loads((run_dir / CONFIG_FILE).read_text()))
+        rows = read_metrics(run_dir)
+        runs.append(
+            RealRun(
+                name=f"{run_dir.parent.name}/{run_dir.name}",
+                batch=np.array([r[K.REWARD_ACCURACY] for r in rows], dtype=float),
+                evals={r["step"]: r[K.EVAL_ACCURACY] for r in rows if K.EVAL_ACCURACY in r},
+                samples=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+                eval_samples=cfg.task.eval_size,
+                cfg=cfg.run.collapse,
+            )
+        )
+    return runs
+
+
+def judge_real(
+    run: RealRun, keep: np.ndarray | None = None, rng: np.random.Generator | None = None
+) -> tuple[bool, int | None, int | None]:
+    """The detector over a real run's series, as the run fed it: (ends collapsed, the
+    step the collapse became known, its dated step). ``keep`` (steps,): the share of
+    correct answers kept at each step (binomial thinning with ``rng``)."""
+    det = CollapseDetector(run.cfg, samples=run.samples, eval_samples=run.eval_samples)
+
+    def thinned(accuracy: float, n: int, step: int) -> float:
+        if keep is None or keep[step] >= 1.0:
+            return accuracy
+        return rng.binomial(round(accuracy * n), keep[step]) / n
+
+    known = None
+    for step, accuracy in enumerate(run.batch):
+        if step in run.evals:
+            det.update_eval(step, thinned(run.evals[step], run.eval_samples, step))
+        if det.update(step, thinned(float(accuracy), run.samples, step)) and known is None:
+            known = step
+        if not det.collapsed:
+            known = None
+    if not det.collapsed:
+        return False, None, None
+    return True, known, det.collapse_step
+
+
+def real_runs_error(
+    runs: Sequence[RealRun], fall_to: float = 0.2, fall_steps: int = 10, seed: int = 1
+) -> dict[str, float | int | None]:
+    """On real runs: how many end flagged as they are (each a false positive if the run
+    did not collapse, which the caller knows), and for a collapse injected into
+    each: the share found, the delay until known and the dating error."""
+    rng = np.random.default_rng(seed)
+    flagged, delays, dating = [], [], []
+    for run in runs:
+        if judge_real(run)[0]:
+            flagged.append(run.name)
+        steps = len(run.batch)
+        start = int(rng.integers(30, steps - 40))
+        keep = np.ones(steps)
+        keep[start:] = fall_to
+        keep[start : start + fall_steps] = np.linspace(1.0, fall_to, fall_steps)
+        collapsed, known, dated = judge_real(run, keep, rng)
+        if collapsed and known is not None and known >= start:
+            delays.append(known - start)
+            dating.append(dated - start)
+    return {
+        "runs": len(runs),
+        "flagged_as_they_are": len(flagged),
+        "flagged": flagged,
+        "injected_found": len(delays) / len(runs) if runs else None,
+        "median_delay": statistics.median(delays) if delays else None,
+        "p90_delay": float(np.percentile(delays, 90)) if delays else None,
+        "median_dating_error": statistics.median(dating) if dating else None,
+    }
+
+
 def characterise(
     levels: Sequence[float], regime: Regime, cfg: CollapseConfig, runs: int
 ) -> list[dict]:
@@ -140,7 +242,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--levels", default="0.1,0.2,0.3,0.4")
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--real", type=Path, default=None, help="a study folder of real runs")
     args = parser.parse_args(argv)
+    if args.real is not None:
+        result = real_runs_error(read_real_runs(args.real))
+        print(json.dumps(result, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+        return
     rows = characterise(
         [float(x) for x in args.levels.split(",")], Regime(), CollapseConfig(), args.runs
     )
