@@ -41,16 +41,63 @@ def _register(name: str, queue: str, *, gpus: int = 0, cpu_slots: int = 1) -> No
         ("-1", None, 0, ()),
         ("0,1, 3", None, 3, ("0", "1", "3")),
         ("0,1,2,3", 2, 2, ("0", "1")),  # LAB_WORKER_GPUS wins and picks the first
-        ("", 4, 4, ("0", "1", "2", "3")),  # owns GPUs but names none: CUDA's 0..n-1
+        ("", 4, 4, ("0", "1", "2", "3")),  # owns GPUs but names none: the first free
     ],
 )
-def test_worker_capacity_from_environment(monkeypatch, settings, visible, setting, gpus, devices):
+def test_worker_capacity_from_environment(
+    monkeypatch, settings, tmp_path, visible, setting, gpus, devices
+):
+    monkeypatch.setattr(capacity, "_LEASES", {})
+    settings.LAB_DEVICE_LOCK_DIR = str(tmp_path / "locks")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     settings.LAB_WORKER_GPUS = setting
     settings.LAB_WORKER_CPU_SLOTS = 2
     owns = capacity.this_worker()
     assert (owns.gpus, owns.devices) == (gpus, devices)
     assert owns.ranks == (gpus or 2)
+
+
+def _held_elsewhere(lock_dir, device: str):
+    """Another worker's lease on ``device`` (a separate open file: flock conflicts)."""
+    import fcntl
+
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_dir / f"gpu-{device}.lock", "a+")  # noqa: SIM115
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    handle.write("pid 4242 on gpu-host")
+    handle.flush()
+    return handle
+
+
+def test_two_workers_on_one_host_never_share_a_gpu(monkeypatch, settings, tmp_path):
+    """A worker given LAB_WORKER_GPUS=2 and no devices takes the first two that no
+    other worker holds; naming a held device, or asking for more than are free,
+    refuses with the device and its holder; the leases are the worker's for life
+    (asking again gives the same devices)."""
+    locks = tmp_path / "locks"
+    settings.LAB_DEVICE_LOCK_DIR = str(locks)
+    monkeypatch.setattr(capacity, "_LEASES", {})
+    monkeypatch.setattr(capacity, "host_gpu_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    other = _held_elsewhere(locks, "0")
+    settings.LAB_WORKER_GPUS = 2
+    assert capacity.this_worker().devices == ("1", "2")
+    assert capacity.this_worker().devices == ("1", "2")  # its own leases, not new ones
+    for handle in capacity._LEASES.values():  # this worker exits: its leases end
+        handle.close()
+    capacity._LEASES.clear()
+    held = [_held_elsewhere(locks, d) for d in ("1", "2")]
+    with pytest.raises(capacity.DeviceBusy, match="only 1 of the host's 4 GPUs are free"):
+        capacity.this_worker()
+    assert capacity._LEASES == {}  # all or nothing: device 3 was given back
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    settings.LAB_WORKER_GPUS = None
+    with pytest.raises(capacity.DeviceBusy, match=r"GPU 0 is held by another worker.*pid 4242"):
+        capacity.this_worker()
+    other.close()  # the other worker exits (or is killed): the device is free again
+    assert capacity.this_worker().devices == ("0",)
+    for handle in [*held, *capacity._LEASES.values()]:
+        handle.close()
 
 
 def test_a_trainer_sees_only_the_devices_its_run_needs(monkeypatch, settings):

@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 
 from celery.signals import (
@@ -48,6 +49,15 @@ def _registry_loop(hostname: str, queues: list[str]) -> None:
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_kwargs) -> None:
+    from lab.jobs import capacity
+
+    try:
+        capacity.this_worker()  # lease the GPUs before taking any work
+    except capacity.DeviceBusy as exc:
+        # A worker without its devices must not claim runs (two trainers on one GPU).
+        log.critical("worker cannot start: %s", exc)
+        print(f"worker cannot start: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
     hostname = sender.hostname
     queues = sorted(sender.app.amqp.queues.consume_from.keys())
     threading.Thread(

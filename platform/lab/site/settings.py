@@ -273,6 +273,8 @@ LAB_DEFAULT_QUEUE = os.environ.get("LAB_DEFAULT_QUEUE", "cpu")
 # (one gloo rank on one thread each) for runs with run.gpus > 1.
 LAB_WORKER_GPUS = int(os.environ["LAB_WORKER_GPUS"]) if os.environ.get("LAB_WORKER_GPUS") else None
 LAB_WORKER_CPU_SLOTS = int(os.environ.get("LAB_WORKER_CPU_SLOTS", 1))
+# Where workers on one host lease their GPUs (lab/jobs/capacity.py): host-local.
+LAB_DEVICE_LOCK_DIR = os.environ.get("LAB_DEVICE_LOCK_DIR", "/tmp/moe-lab-gpus")
 # Runs over several workers (run.nodes > 1, lab/jobs/gang.py): the seconds a gang
 # may take to assemble, the address other hosts reach this worker's rendezvous
 # store at, and the ports it may use (open them between worker hosts).
