@@ -280,23 +280,10 @@ def _collective_rank(rank: int, world: int, backend: str, port: int, size_mb: in
     data = torch.ones(numel, device=device)
     out = torch.empty_like(data)
 
-    def timed(fn, repeats: int = 5) -> float:
-        fn()
-        dist.barrier()
-        samples = []
-        for _ in range(repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
-
+    # Each collective waits for every rank, so the ranks' timings stay in step.
     seconds = {
-        "all_reduce": timed(lambda: dist.all_reduce(data)),
-        "all_to_all": timed(lambda: dist.all_to_all_single(out, data)),
+        "all_reduce": _median_time(lambda: dist.all_reduce(data), device, repeats=5),
+        "all_to_all": _median_time(lambda: dist.all_to_all_single(out, data), device, repeats=5),
     }
     if rank == 0:
         queue.put(seconds)

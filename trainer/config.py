@@ -443,6 +443,15 @@ class TextTaskConfig(TaskBase):
         "model.max_seq_len is then a config error).",
     )
 
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Rows whose prompt takes more tokens (in the tokens the run speaks: the "
+        "checkpoint's tokenizer, chat template and BOS included; bytes on the builtin model) "
+        "are skipped and counted, as verl's filter_overlong_prompts; empty = keep every row.",
+    )
+
     @field_validator("prompt_template")
     @classmethod
     def _plain_fields_only(cls, value: str | None) -> str | None:

@@ -34,6 +34,18 @@ def _import(folder) -> tuple[ModelConfig, torch.nn.Module]:
     return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
 
 
+def _engine_and_prompt(tmp_path, family: str, rows: int):
+    """The family's tiny checkpoint in transformers and in the lab's fp32 engine, and
+    ``rows`` random 7-token prompts: (hf model, engine, prompt, mask)."""
+    hf = save_hf_checkpoint(family, tmp_path)
+    cfg, model = _import(tmp_path)
+    engine = RolloutEngine(cfg, cfg.vocab_size, precision="fp32")
+    engine.load_weights(model.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, cfg.vocab_size, (rows, 7), generator=gen)
+    return hf, engine, prompt, torch.ones_like(prompt, dtype=torch.bool)
+
+
 def _batch(vocab: int):
     """Two rows, the first left-padded by 3: tokens, mask (2, 12)."""
     gen = torch.Generator().manual_seed(3)
@@ -60,12 +72,7 @@ def test_training_forward_logits_match_transformers(family, tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rollout_engine_greedy_generation_matches_transformers_generate(family, tmp_path):
-    hf = save_hf_checkpoint(family, tmp_path)
-    cfg, model = _import(tmp_path)
-    engine = RolloutEngine(cfg, cfg.vocab_size, precision="fp32")
-    engine.load_weights(model.state_dict())
-    prompt = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(prompt, dtype=torch.bool)
+    hf, engine, prompt, mask = _engine_and_prompt(tmp_path, family, rows=1)
     ours = engine.generate(prompt, mask, max_new_tokens=32, temperature=0.0).tokens
     with torch.no_grad():
         theirs = hf.generate(
@@ -107,12 +114,7 @@ def test_qwen3_moe_dense_layers_come_from_mlp_only_layers(tmp_path):
 def test_generation_stops_at_any_listed_eos_id_as_transformers_does(tmp_path):
     """generation_config.json's eos_token_id list: transformers' generate ends a row at
     the first listed id it samples, and so does the engine (two rows, two ids)."""
-    hf = save_hf_checkpoint("qwen3_moe", tmp_path)
-    cfg, model = _import(tmp_path)
-    engine = RolloutEngine(cfg, cfg.vocab_size, precision="fp32")
-    engine.load_weights(model.state_dict())
-    prompt = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(prompt, dtype=torch.bool)
+    hf, engine, prompt, mask = _engine_and_prompt(tmp_path, "qwen3_moe", rows=2)
     free = engine.generate(prompt, mask, max_new_tokens=24, temperature=0.0).tokens
     stops = [int(free[0, 7 + 5]), int(free[1, 7 + 9])]  # tokens each row samples anyway
     ours = engine.generate(prompt, mask, 24, temperature=0.0, eos_id=stops, pad_id=0)

@@ -335,3 +335,54 @@ def test_a_trainer_that_cannot_see_the_data_file_fails_with_a_field_error(tmp_pa
     err = capsys.readouterr().err
     assert f"task.data_file: {missing} does not exist" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_overlong_prompts_are_dropped_in_the_tokens_the_run_speaks(tmp_path):
+    """task.max_prompt_tokens: rows whose prompt (BOS included) takes more tokens are
+    skipped and counted with their lines, once the run's tokens are known; a config
+    whose longest prompt would not fit model.max_seq_len validates when the limit
+    drops it."""
+    rows = [{"question": "1+2=?", "answer": "#### 3"}, {"question": "12+30=?", "answer": "#### 42"},
+            {"question": "x" * 40 + " 5+5=?", "answer": "#### 10"}] * 4  # fmt: skip
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    task = text_task(path, max_prompt_tokens=10)
+    assert len(task.train_table.problems) == 12  # bytes of a placeholder: nothing dropped yet
+    task.tokens_known()
+    report = task.data_report()["data_file"]
+    assert report["problems"] == 8 and report["bad_row_reasons"] == {
+        "prompt longer than max_prompt_tokens=10": 4
+    }
+    assert report["bad_row_lines"]["prompt longer than max_prompt_tokens=10"] == [3, 6, 9, 12]
+    assert task.max_prompt_len <= 10
+    base = {"task": {"name": "text", "data_file": str(path)}, "model": {"max_seq_len": 48},
+            "rollout": {"max_new_tokens": 16}}  # fmt: skip
+    with pytest.raises(FieldError) as info:
+        validate_config(base)
+    assert "model.max_seq_len" in info.value.as_dict()
+    limited = validate_config({**base, "task": {**base["task"], "max_prompt_tokens": 16}})
+    assert limited.task.max_prompt_tokens == 16
+
+
+@pytest.mark.slow
+def test_the_token_limit_counts_the_checkpoints_tokens_not_bytes(tmp_path):
+    """Before the checkpoint's tokenizer is installed nothing is dropped (bytes would
+    overcount); after it, prompts are measured with it, chat template included."""
+    from hf_tiny_checkpoints import save_char_tokenizer
+
+    from trainer.hf.tokenizer import CheckpointTokenizer
+
+    save_char_tokenizer(tmp_path, "0123456789+=?x ")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    )
+    rows = [
+        {"question": "1+2=?", "answer": "#### 3"},
+        {"question": "xxxx 5+5=?", "answer": "#### 10"},
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", rows * 3)
+    task = text_task(path, max_prompt_tokens=9)
+    task.tokenizer = CheckpointTokenizer(tmp_path, chat_template=True)
+    task.tokens_known()
+    # "1+2=?" renders as "<1+2=?>": 7 tokens, kept; the other, 12 tokens, dropped
+    assert [p.prompt for p in task.train_table.problems] == ["1+2=?"] * 3
+    assert task.data_report()["data_file"]["bad_rows"] == 3

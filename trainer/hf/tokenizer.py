@@ -315,6 +315,7 @@ def install_checkpoint_tokenizer(task: Any, cfg: ExperimentConfig) -> None:
 
     tokenizer = checkpoint_tokenizer(cfg.model)
     if tokenizer is None:
+        task.tokens_known()  # the builtin model: the task's own tokens are the run's
         return
     task.tokenizer = tokenizer
     errors = check_lengths(cfg, task)

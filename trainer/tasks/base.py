@@ -195,6 +195,12 @@ class Task(ABC):
         return {}
 
     # ----------------------------------------------------------- lengths
+    def tokens_known(self) -> None:
+        """The tokenizer is the one the run speaks (called once it is installed, or
+        when validation knows it is final); a task whose rows depend on token
+        counts rebuilds them here. Generated tasks have none."""
+        return None
+
     def lengths_known(self, cfg: ExperimentConfig) -> bool:
         """Whether ``max_prompt_len`` / ``max_target_len`` are final for ``cfg``'s model."""
         return True

@@ -33,6 +33,7 @@ def check_lengths(cfg: ExperimentConfig, task: Task | None = None) -> list[tuple
     errors: list[tuple[str, str]] = []
     if not task.lengths_known(cfg):
         return errors
+    task.tokens_known()  # lengths are final: prompts over max_prompt_tokens are dropped
     new_tokens = cfg.rollout.max_new_tokens
     if new_tokens < task.max_target_len:
         errors.append(

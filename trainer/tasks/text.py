@@ -48,11 +48,20 @@ class TextTask(Task):
         except ValueError as exc:
             raise FieldError([("task.reward_function", str(exc))]) from None
         self._lengths: dict[Any, tuple[int, int]] = {}  # tokenizer -> lengths
+        # task.max_prompt_tokens counts the tokens the run speaks, known only once its
+        # tokenizer is installed (``tokens_known``): bytes overcount a checkpoint's.
+        self._count_tokens = False
 
     # ----------------------------------------------------------- data
     def _load(self, value: str, path: str) -> ProblemTable:
+        tokens = None
+        if self._count_tokens and self.cfg.max_prompt_tokens is not None:
+
+            def tokens(problem: Problem) -> int:
+                return len(prompt_ids(self.tokenizer, problem))
+
         table = build_problems(
-            read_table(resolve_data_file(value, path), path), self.cfg, self.verifier
+            read_table(resolve_data_file(value, path), path), self.cfg, self.verifier, tokens
         )
         if len(table.problems) < 2:
             reasons = table.describe_bad()
@@ -77,6 +86,16 @@ class TextTask(Task):
         if self.cfg.eval_file is None:
             return None
         return self._load(self.cfg.eval_file, "task.eval_file")
+
+    def tokens_known(self) -> None:
+        """Rebuild the tables (and what was derived from them) with the overlong-prompt
+        filter in the run's tokens; nothing to do without ``max_prompt_tokens``."""
+        if self._count_tokens or self.cfg.max_prompt_tokens is None:
+            return
+        self._count_tokens = True
+        for derived in ("train_table", "eval_table", "split", "_eval_problems"):
+            self.__dict__.pop(derived, None)
+        self._lengths.clear()
 
     def data_report(self) -> dict[str, Any]:
         """Rows read and rows skipped (by reason), per file: for the log and summary.json."""

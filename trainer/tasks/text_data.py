@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,10 +222,15 @@ def target_text(raw: Any, gold: str, verifier: Verifier) -> str:
 
 
 def build_problems(
-    rows: list[dict[str, Any]] | RowsRead, cfg: TextTaskConfig, verifier: Verifier
+    rows: list[dict[str, Any]] | RowsRead,
+    cfg: TextTaskConfig,
+    verifier: Verifier,
+    prompt_tokens: Callable[[Problem], int] | None = None,
 ) -> ProblemTable:
     """The usable problems of ``rows``; every other row is skipped and counted by
-    reason with its line number (``ProblemTable.bad_lines``)."""
+    reason with its line number (``ProblemTable.bad_lines``). ``prompt_tokens``
+    (a problem's prompt length in the run's tokens), when the tokens are known:
+    prompts over ``cfg.max_prompt_tokens`` are skipped too."""
     read = rows if isinstance(rows, RowsRead) else RowsRead(list(rows), list(range(len(rows))))
     table = ProblemTable(rows=len(read.rows) + len(read.skipped))
     for line, reason in read.skipped:
@@ -243,12 +249,15 @@ def build_problems(
         except BadRow as exc:
             table.skip(str(exc), line)
             continue
-        table.problems.append(
-            Problem(
-                prompt=prompt,
-                answer=gold,
-                target=target_text(raw, gold, verifier),
-                messages=messages,
-            )
+        problem = Problem(
+            prompt=prompt,
+            answer=gold,
+            target=target_text(raw, gold, verifier),
+            messages=messages,
         )
+        limit = cfg.max_prompt_tokens
+        if prompt_tokens is not None and limit is not None and prompt_tokens(problem) > limit:
+            table.skip(f"prompt longer than max_prompt_tokens={limit}", line)
+            continue
+        table.problems.append(problem)
     return table
