@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,21 +73,49 @@ def judge(
     """(ends collapsed, the step the collapse first became known, the step it is
     dated to) for one simulated run."""
     batch = batch_series(levels, regime, rng)
+
+    def held_out(step: int) -> float | None:
+        if step % regime.eval_every:
+            return None
+        return float(rng.binomial(regime.eval_samples, levels[step]) / regime.eval_samples)
+
     det = CollapseDetector(
         cfg, samples=regime.prompts * regime.group, eval_samples=regime.eval_samples
     )
+    return _detect(det, regime.steps, held_out, lambda step: float(batch[step]))
+
+
+def _detect(
+    det: CollapseDetector,
+    steps: int,
+    held_out: Callable[[int], float | None],
+    batch: Callable[[int], float],
+) -> tuple[bool, int | None, int | None]:
+    """Feed ``det`` step by step as the runner does (the held-out accuracy of a step,
+    when it has one, before its batch accuracy): (ends collapsed, the step the
+    standing collapse first became known, the step it is dated to)."""
     known = None
-    for step in range(regime.steps):
-        if step % regime.eval_every == 0:
-            held_out = rng.binomial(regime.eval_samples, levels[step]) / regime.eval_samples
-            det.update_eval(step, float(held_out))
-        if det.update(step, float(batch[step])) and known is None:
+    for step in range(steps):
+        if (accuracy := held_out(step)) is not None:
+            det.update_eval(step, accuracy)
+        if det.update(step, batch(step)) and known is None:
             known = step
         if not det.collapsed:
             known = None  # revoked: the next flag is a new detection
     if not det.collapsed:
         return False, None, None
     return True, known, det.collapse_step
+
+
+def _delays(delays: list[int], dating: list[int], runs: int) -> dict[str, float | None]:
+    """The share of injected collapses found, the delay until known (median, 90th
+    percentile) and the median dating error (dated step minus the fall's start)."""
+    return {
+        "found": len(delays) / runs if runs else None,
+        "median_delay": statistics.median(delays) if delays else None,
+        "p90_delay": float(np.percentile(delays, 90)) if delays else None,
+        "median_dating_error": statistics.median(dating) if dating else None,
+    }
 
 
 def false_positive_rate(
@@ -123,10 +151,7 @@ def injected(
             delays.append(known - start)
             dating.append(dated - start)
     return {
-        "found": len(delays) / runs,
-        "median_delay": statistics.median(delays) if delays else None,
-        "p90_delay": float(np.percentile(delays, 90)) if delays else None,
-        "median_dating_error": statistics.median(dating) if dating else None,
+        **_delays(delays, dating, runs),
         "median_abs_dating_error": statistics.median(abs(d) for d in dating) if dating else None,
     }
 
@@ -171,24 +196,24 @@ def judge_real(
     """The detector over a real run's series, as the run fed it: (ends collapsed, the
     step the collapse became known, its dated step). ``keep`` (steps,): the share of
     correct answers kept at each step (binomial thinning with ``rng``)."""
-    det = CollapseDetector(run.cfg, samples=run.samples, eval_samples=run.eval_samples)
 
     def thinned(accuracy: float, n: int, step: int) -> float:
         if keep is None or keep[step] >= 1.0:
             return accuracy
         return rng.binomial(round(accuracy * n), keep[step]) / n
 
-    known = None
-    for step, accuracy in enumerate(run.batch):
-        if step in run.evals:
-            det.update_eval(step, thinned(run.evals[step], run.eval_samples, step))
-        if det.update(step, thinned(float(accuracy), run.samples, step)) and known is None:
-            known = step
-        if not det.collapsed:
-            known = None
-    if not det.collapsed:
-        return False, None, None
-    return True, known, det.collapse_step
+    def held_out(step: int) -> float | None:
+        if step not in run.evals:
+            return None
+        return thinned(run.evals[step], run.eval_samples, step)
+
+    det = CollapseDetector(run.cfg, samples=run.samples, eval_samples=run.eval_samples)
+    return _detect(
+        det,
+        len(run.batch),
+        held_out,
+        lambda step: thinned(float(run.batch[step]), run.samples, step),
+    )
 
 
 def real_runs_error(
@@ -211,14 +236,13 @@ def real_runs_error(
         if collapsed and known is not None and known >= start:
             delays.append(known - start)
             dating.append(dated - start)
+    injected_delays = _delays(delays, dating, len(runs))
     return {
         "runs": len(runs),
         "flagged_as_they_are": len(flagged),
         "flagged": flagged,
-        "injected_found": len(delays) / len(runs) if runs else None,
-        "median_delay": statistics.median(delays) if delays else None,
-        "p90_delay": float(np.percentile(delays, 90)) if delays else None,
-        "median_dating_error": statistics.median(dating) if dating else None,
+        "injected_found": injected_delays.pop("found"),
+        **injected_delays,
     }
 
 

@@ -75,7 +75,6 @@ def register_model(*, owner, name: str, path: str, description: str = "") -> Reg
 
 
 @transaction.atomic
-@transaction.atomic
 def register_dataset(
     *,
     owner,
