@@ -220,3 +220,28 @@ def test_detectable_hazard_ratio_by_hand():
         math.log(detectable_hazard_ratio(20, 1.0)) / 2
     )
     assert detectable_hazard_ratio(0, 1.0) is None and detectable_hazard_ratio(5, 0.0) is None
+
+
+def test_paired_contrasts_against_the_reference_cell_by_hand():
+    """Per seed: the cell's held-out change minus the reference's on that seed; seeds
+    only one cell finished are left out."""
+    from trainer import metric_keys as K
+    from trainer.analysis.causal_report import paired_contrasts
+
+    def run(variant, seed, first, last):
+        rows = [
+            {"step": 0, K.EVAL_ACCURACY: first},
+            {"step": 1},
+            {"step": 2, K.EVAL_ACCURACY: last},
+        ]
+        return {"variant": variant, "seed": seed, "rows": rows}
+
+    runs = [run("ref", 0, 0.2, 0.5), run("ref", 1, 0.3, 0.5), run("ref", 2, 0.1, 0.2),
+            run("fix", 0, 0.2, 0.4), run("fix", 1, 0.3, 0.6)]  # fmt: skip
+    # seed 0: 0.2 - 0.3 = -0.1; seed 1: 0.3 - 0.2 = +0.1; seed 2: no pair
+    out = paired_contrasts(runs, "ref")
+    assert set(out) == {"fix"} and out["fix"]["pairs"] == 2
+    assert out["fix"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    low, high = out["fix"]["t"]
+    assert low == pytest.approx(-high) and high == pytest.approx(12.706204736 * 0.1, rel=1e-6)
+    assert paired_contrasts(runs, None) == {}

@@ -77,6 +77,12 @@ def _eval_points(rows: list[dict]) -> list[float]:
     return [r[K.EVAL_ACCURACY] for r in rows if r.get(K.EVAL_ACCURACY) is not None]
 
 
+def heldout_change(run: dict[str, Any]) -> float | None:
+    """A run's held-out accuracy at its last evaluation minus at its first."""
+    points = _eval_points(run["rows"])
+    return points[-1] - points[0] if points else None
+
+
 def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     cells: dict[str, list[dict]] = {}
     for run in runs:
@@ -85,7 +91,7 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for name, members in cells.items():
         first = [_eval_points(r["rows"])[0] for r in members if _eval_points(r["rows"])]
         last = [_eval_points(r["rows"])[-1] for r in members if _eval_points(r["rows"])]
-        change = [b - a for a, b in zip(first, last, strict=True)]
+        change = [c for r in members if (c := heldout_change(r)) is not None]
         start = slice(0, START_STEPS)
 
         def mean(key: str, steps: slice = start, members=members) -> float | None:
@@ -109,6 +115,11 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             # The clip share of each step's first minibatch over the whole run: what the
             # clip spends on the engine gap alone (0 with recomputed behaviour log-probs).
             "clip_first": mean(K.POLICY_CLIP_FRAC_FIRST, slice(None)),
+            # Over the whole run: the clip share of every minibatch, and the shares of
+            # tokens the IS correction truncates (TIS) or masks (MIS, IcePop).
+            "clip": mean(K.POLICY_CLIP_FRAC, slice(None)),
+            "is_truncated": mean(K.TIS_CLIP_FRAC, slice(None)),
+            "is_masked": mean(K.TIS_MASKED_FRAC, slice(None)),
             "heldout_start": statistics.fmean(first) if first else None,
             "heldout_end": statistics.fmean(last) if last else None,
             "heldout_change": statistics.fmean(change) if change else None,
@@ -117,6 +128,31 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "improved": sum(c > 0 for c in change),
         }
     return table
+
+
+def paired_contrasts(
+    runs: list[dict[str, Any]], reference: str | None
+) -> dict[str, dict[str, Any]]:
+    """Each cell's held-out change against the ``reference`` cell's on the same seed
+    (so the same base): the mean of the per-seed differences with its t interval,
+    over the seeds both cells finished."""
+    if reference is None:
+        return {}
+    changes: dict[str, dict[int, float]] = {}
+    for run in runs:
+        change = heldout_change(run)
+        if change is not None:
+            changes.setdefault(run["variant"], {})[run["seed"]] = change
+    base = changes.get(reference, {})
+    out = {}
+    for name, by_seed in changes.items():
+        if name == reference:
+            continue
+        diffs = [by_seed[s] - base[s] for s in sorted(by_seed.keys() & base.keys())]
+        if diffs:
+            out[name] = {"pairs": len(diffs), "mean": statistics.fmean(diffs),
+                         "t": t_interval(diffs)}  # fmt: skip
+    return out
 
 
 def collapse_rate_bound(collapsed: int, runs: int, level: float = 0.95) -> float | None:
@@ -219,6 +255,8 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         "cells": cells,
         "dosed_moe_pooled": pooled,
         "learning_slope": learning_slope(no_replay_moe),
+        "reference": getattr(study, "reference", None),
+        "against_reference": paired_contrasts(runs, getattr(study, "reference", None)),
         "dose_model": dose,
         "architecture_model": arch,
         "lead_lag_model": lead_lag,
@@ -327,6 +365,25 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(c['heldout_end'], '.3f')} | {_interval(c['heldout_change_t'])} | "
             f"{_interval(c['heldout_change_bca'])} | {c['improved']}/{c['runs']} |"
         )
+    if report.get("against_reference"):
+        lines += [
+            "",
+            f"Against the reference cell {report['reference']} on the same seeds and bases "
+            "(held-out change, paired, t 95%), and the whole run's clip and IS shares:",
+            "",
+            "| cell | pairs | change vs reference | policy clip % | IS truncated % | IS masked % |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, pair in report["against_reference"].items():
+            c = report["cells"][name]
+            shares = [
+                None if c[k] is None else 100 * c[k] for k in ("clip", "is_truncated", "is_masked")
+            ]
+            lines.append(
+                f"| {name} | {pair['pairs']} | {pair['mean']:+.3f} {_interval(pair['t'])} | "
+                + " | ".join(_fmt(v, ".2f") for v in shares)
+                + " |"
+            )
     dose, arch, ll = report["dose_model"], report["architecture_model"], report["lead_lag_model"]
     adj = report["p_holm"]
     lines += [
