@@ -27,8 +27,9 @@ import torch
 from bench.common import environment, print_table, write_results
 from trainer.config import ExperimentConfig
 from trainer.rollout import RolloutEngine
-from trainer.rollout_data import RolloutData
-from trainer.update import PolicyUpdater, measure_batch
+from trainer.rollout.data import RolloutData
+from trainer.run.measure_step import measure_batch
+from trainer.run.update import PolicyUpdater
 
 VOCAB = 32
 

@@ -21,13 +21,13 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from bench.common import environment, print_table, write_results
 from trainer import metric_keys as K
-from trainer.run_files import read_metrics
+from trainer.launch import launch_command
+from trainer.run.files import read_metrics
 
 PHASES = {
     "step": K.TIME_STEP_S,
@@ -53,11 +53,7 @@ def _overrides(args, ranks: int) -> list[str]:
 def _run(args, ranks: int, out: Path) -> Path:
     run_dir = out / f"ranks{ranks}"
     trainer = ["-m", "trainer", "run", "--preset", args.preset, "--out", str(run_dir)]
-    if ranks == 1:
-        cmd = [sys.executable, *trainer]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={ranks}", *trainer]  # fmt: skip
+    cmd = launch_command(trainer, ranks=ranks)  # torchrun --standalone for several ranks
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([*cmd, *_overrides(args, ranks)], env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -1,7 +1,7 @@
 """Cost of Rollout Routing Replay (R3, arXiv 2510.11370): step time and storage.
 
 1. Step time, R3 vs no replay, on the tiny MoE preset: the loop's own step
-   (``trainer.runner._rl_step``: rollout, packed routing transport, measure
+   (``trainer.run.runner._rl_step``: rollout, packed routing transport, measure
    forward, update) with the same weights, the same seeds and hence the same
    rollout for both variants; before every timed step the policy, optimiser and
    generators are restored, so each variant repeats exactly the same work.
@@ -34,15 +34,15 @@ import torch
 
 from bench.common import print_table, write_results
 from trainer.config import apply_overrides
-from trainer.data import collate_prompts, repeat_for_groups
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
 from trainer.model import TransformerLM
-from trainer.presets import preset_dict
 from trainer.rollout import RolloutEngine
-from trainer.runner import _rl_step
-from trainer.stabilizers.replay import pack_routing, storage_report, unpack_routing
+from trainer.rollout.routing_pack import pack_routing, storage_report, unpack_routing
+from trainer.run.batches import collate_prompts, repeat_for_groups
+from trainer.run.runner import _rl_step
+from trainer.run.update import PolicyUpdater
 from trainer.tasks import make_task
-from trainer.update import PolicyUpdater
-from trainer.validation import validate_config
 
 TARGET_OVERHEAD = 0.03
 

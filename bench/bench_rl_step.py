@@ -17,10 +17,10 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.config import apply_overrides
-from trainer.presets import preset_dict
-from trainer.run_files import read_metrics
-from trainer.runner import train
-from trainer.validation import validate_config
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
+from trainer.run.files import read_metrics
+from trainer.run.runner import train
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

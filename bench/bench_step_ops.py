@@ -31,9 +31,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench.common import environment, print_table, write_results
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
-from trainer.rollout_data import RolloutData
-from trainer.study import load_definition
-from trainer.update import PolicyUpdater, measure_batch
+from trainer.rollout.data import RolloutData
+from trainer.run.measure_step import measure_batch
+from trainer.run.update import PolicyUpdater
+from trainer.studies.definition import load_definition
 
 VOCAB = 32
 PROMPT_LEN = 12

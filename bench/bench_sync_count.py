@@ -23,11 +23,12 @@ from unittest import mock
 import torch
 
 from bench.common import write_results
-from trainer import runner
 from trainer.config import apply_overrides
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
 from trainer.devices.sync_count import SyncCount, count_syncs
-from trainer.presets import preset_dict
-from trainer.validation import validate_config
+from trainer.run import runner
+from trainer.run.context import build_context
 
 # Small enough for a test: 4 prompts x 4 answers, a short warm start.
 FAST = [
@@ -53,7 +54,7 @@ def _phased(count: SyncCount, phase: str, fn):
 def step_syncs(preset: str, steps: int = 1, overrides: list[str] | None = None) -> dict:
     """Syncs per RL step by phase (the median step's), per kind, and the call sites."""
     cfg = validate_config(apply_overrides(preset_dict(preset), FAST + list(overrides or [])))
-    ctx = runner._build(cfg, log=lambda _line: None)
+    ctx = build_context(cfg, log=lambda _line: None)
     per_step = []
     for step in range(steps):
         with ExitStack() as stack:

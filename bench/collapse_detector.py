@@ -25,7 +25,7 @@ import statistics
 import numpy as np
 
 from bench.common import print_table, write_results
-from trainer.collapse import CollapseDetector
+from trainer.analysis.collapse import CollapseDetector
 from trainer.config import CollapseConfig
 
 PROMPTS, GROUP = 16, 8

@@ -88,10 +88,10 @@ def _short_run(preset: str, steps: int, ctx: Context, extra: list[str] = ()) -> 
     """``steps`` RL steps of ``preset`` from a fresh policy (no warm start: the timing and
     the numerics do not need a base that answers); the metrics rows."""
     from trainer.config import apply_overrides
-    from trainer.presets import preset_dict
-    from trainer.run_files import read_metrics
-    from trainer.runner import train
-    from trainer.validation import validate_config
+    from trainer.config.presets import preset_dict
+    from trainer.config.validation import validate_config
+    from trainer.run.files import read_metrics
+    from trainer.run.runner import train
 
     overrides = [
         f"run.steps={steps}",

@@ -1,7 +1,7 @@
 """The stability review's statistics: log-rank tests, median time-to-collapse with its
 confidence interval, BCa intervals, and the dose-response layout of a sweep.
 
-The formulas live in ``trainer/survival_stats.py`` (one place, hand-checked
+The formulas live in ``trainer/analysis/kaplan_meier.py`` (one place, hand-checked
 tests); this module only arranges a review's variants for them. The reference
 arm of the log-rank tests is ``moe-grpo`` when the review has it (the studies'
 baseline), else its first variant. A dose-response appears when variant names
@@ -18,7 +18,7 @@ from typing import Any
 
 from dashboard.stability import KL_SCALE, StabilityRow
 from trainer.analysis.intervals import mean_ci
-from trainer.survival_stats import log_rank, median_survival
+from trainer.analysis.kaplan_meier import log_rank, median_survival
 
 REFERENCE_VARIANT = "moe-grpo"
 DOSE_LEVELS = ("fp32", "fp16", "bf16", "fp8")  # rollout precision, no gap -> largest gap

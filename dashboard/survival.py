@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.collapse import LOWER_BOUND_PREFIX as LOWER_BOUND_PREFIX  # re-exported
-from trainer.collapse import CollapseSummary, summarize_collapses
+from trainer.analysis.collapse import LOWER_BOUND_PREFIX as LOWER_BOUND_PREFIX  # re-exported
+from trainer.analysis.collapse import CollapseSummary, summarize_collapses
 
 Event = tuple[int, bool]  # (step, collapsed): collapse step, or last step if censored
 
@@ -124,7 +124,7 @@ def censor_marks(events: Iterable[Event]) -> tuple[list[int], list[float]]:
 
 @dataclass(frozen=True)
 class VariantCollapse(CollapseSummary):
-    """trainer.collapse.CollapseSummary (the one censoring rule) named for its variant."""
+    """trainer.analysis.collapse.CollapseSummary (the one censoring rule) named for its variant."""
 
     variant: str = ""
 

@@ -12,7 +12,19 @@ from django.urls import path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularSwaggerView
 
-from dashboard.views import actions, assets, endpoints, forms, legacy, pages, queue, review
+from dashboard.views import (
+    actions,
+    assets,
+    compare_pages,
+    endpoints,
+    forms,
+    legacy,
+    queue,
+    review,
+    run_pages,
+    stability_page,
+    variant_pages,
+)
 
 app_name = "dashboard"
 
@@ -20,10 +32,10 @@ urlpatterns = [
     path("", forms.home, name="home"),
     re_path(r"^dashboard/(?P<rest>.*)$", legacy.moved, name="legacy"),
     # runs
-    path("runs/", pages.runs_list, name="runs"),
+    path("runs/", run_pages.runs_list, name="runs"),
     path("runs/new", forms.run_new_any, name="run_new_any"),
     path("runs/bulk", actions.runs_bulk, name="runs_bulk"),
-    path("runs/<int:run_id>/", pages.run_detail, name="run"),
+    path("runs/<int:run_id>/", run_pages.run_detail, name="run"),
     path("runs/<int:pk>/cancel", actions.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/delete", actions.run_delete, name="run_delete"),
     path("runs/<int:pk>/requeue", actions.run_requeue, name="run_requeue"),
@@ -36,7 +48,7 @@ urlpatterns = [
     path("verdicts/<int:verdict_id>/withdraw", review.withdraw_verdict, name="withdraw_verdict"),
     # experiments
     path("experiments/", forms.experiment_list, name="experiments"),
-    path("experiments/<int:experiment_id>/", pages.experiment_detail, name="experiment"),
+    path("experiments/<int:experiment_id>/", variant_pages.experiment_detail, name="experiment"),
     path("experiments/<int:pk>/sharing", forms.experiment_sharing, name="experiment_sharing"),
     path("experiments/<int:pk>/runs/new", forms.run_new, name="run_new"),
     path("experiments/<int:pk>/sweeps/new", forms.sweep_new, name="sweep_new"),
@@ -45,16 +57,16 @@ urlpatterns = [
     ),
     path("experiments/<int:experiment_id>/unpin", review.unpin_experiment, name="unpin_experiment"),
     # sweeps
-    path("sweeps/<int:sweep_id>/", pages.sweep_detail, name="sweep"),
+    path("sweeps/<int:sweep_id>/", variant_pages.sweep_detail, name="sweep"),
     path("sweeps/<int:sweep_id>/chart", endpoints.sweep_chart, name="sweep_chart"),
     path("sweeps/<int:pk>/cancel", actions.sweep_cancel, name="sweep_cancel"),
     # compare and saved comparisons
-    path("compare/", pages.compare, name="compare"),
+    path("compare/", compare_pages.compare, name="compare"),
     path("compare/chart", endpoints.compare_chart, name="compare_chart"),
     path("compare/charts", endpoints.compare_charts, name="compare_charts"),
-    path("comparisons/", pages.comparisons_list, name="comparisons"),
+    path("comparisons/", compare_pages.comparisons_list, name="comparisons"),
     path("comparisons/save", review.save_comparison, name="save_comparison"),
-    path("comparisons/<int:comparison_id>/", pages.comparison_detail, name="comparison"),
+    path("comparisons/<int:comparison_id>/", compare_pages.comparison_detail, name="comparison"),
     path(
         "comparisons/<int:comparison_id>/delete", review.delete_comparison, name="delete_comparison"
     ),
@@ -64,7 +76,7 @@ urlpatterns = [
         name="comment_comparison",
     ),
     # stability review
-    path("stability/", pages.stability, name="stability"),
+    path("stability/", stability_page.stability, name="stability"),
     path("stability/chart/<str:chart>", endpoints.stability_chart, name="stability_chart"),
     path("stability/table", endpoints.stability_table, name="stability_table"),
     # queue, workers, models & data

@@ -28,7 +28,7 @@ def test_stdlib_platform_wins_with_platform_folder_on_path():
 
 def test_trainer_never_imports_django():
     code = (
-        "import sys, trainer, trainer.config, trainer.presets, trainer.metric_keys;"
+        "import sys, trainer, trainer.config, trainer.config.presets, trainer.metric_keys;"
         "import pkgutil, importlib;"
         "[importlib.import_module(m.name) for m in pkgutil.walk_packages(trainer.__path__, 'trainer.')"
         " if not m.name.endswith('__main__')];"

@@ -52,7 +52,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.analysis.intervals",
         "trainer.analysis.power",
         "trainer.analysis.survival",
-        "trainer.collapse",
+        "trainer.analysis.collapse",
         "trainer.config",
         "trainer.errors",
         "trainer.hf.families",
@@ -62,21 +62,26 @@ TRAINER_CONTRACT = frozenset(
         "trainer.hf.weights",
         "trainer.metric_keys",
         "trainer.model.param_count",
-        "trainer.presets",
-        "trainer.run_files",
-        "trainer.run_guard",
-        "trainer.study",
-        "trainer.survival_stats",
+        "trainer.config.presets",
+        "trainer.run.files",
+        "trainer.run.guard",
+        "trainer.studies.definition",
+        "trainer.analysis.kaplan_meier",
         "trainer.tasks.factory",
         "trainer.tasks.text_data",
         "trainer.tasks.verifiers",
-        "trainer.validation",
-        "trainer.warmstart_progress",
+        "trainer.config.validation",
+        "trainer.run.warmstart_progress",
     }
 )
 # ... and those that load torch: only inside worker code paths.
 TRAINER_WORKER_ONLY = frozenset(
-    {"trainer.checkpoint", "trainer.hf.export", "trainer.hf.loader", "trainer.model.transformer"}
+    {
+        "trainer.run.checkpoint",
+        "trainer.hf.export",
+        "trainer.hf.loader",
+        "trainer.model.transformer",
+    }
 )
 # Platform modules that run only in the worker (the trainer's supervisor), where
 # a module-level import of a worker-only trainer module is fine.

@@ -9,7 +9,7 @@
 A bad config prints the offending field paths and exits with code 2 before
 anything is written. A run folder held by another trainer exits with code 73
 at once; an expired lease (the supervisor stopped renewing --lease-file)
-exits with code 76 without a checkpoint (trainer/run_guard.py).
+exits with code 76 without a checkpoint (trainer/run/guard.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import ConfigDeprecationWarning, ExperimentConfig, apply_overrides
+from trainer.config.presets import list_presets, preset_dict
+from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf.loader import resolve_model_source
-from trainer.presets import list_presets, preset_dict
-from trainer.run_files import EXIT_CODE_FILE
-from trainer.run_guard import (
+from trainer.run.files import EXIT_CODE_FILE
+from trainer.run.guard import (
     LEASE_EXPIRED_EXIT_CODE,
     RUN_DIR_BUSY_EXIT_CODE,
     Lease,
@@ -35,8 +36,7 @@ from trainer.run_guard import (
     RunDirBusy,
     die_with_launcher,
 )
-from trainer.study import BUILTIN_STUDIES
-from trainer.validation import validate_config
+from trainer.studies.definition import BUILTIN_STUDIES
 
 
 def build_config(
@@ -255,7 +255,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             # imported model's tokenizer and its prompt lengths.
             check_input_files(cfg)
             install_checkpoint_tokenizer(make_task(cfg.task), cfg)
-            from trainer.runner import run_from_cli
+            from trainer.run.runner import run_from_cli
 
             lease = Lease(Path(args.lease_file), args.lease_s) if args.lease_file else None
             try:
@@ -267,7 +267,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"stopped: {exc}", file=sys.stderr)
                 return LEASE_EXPIRED_EXIT_CODE
         if args.command == "demo":
-            from trainer.demo import run_demo
+            from trainer.studies.demo import run_demo
 
             return run_demo(Path(args.out), steps=args.steps)
         if args.command == "export":
@@ -280,14 +280,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 0
         if args.command == "causal-report":
             from trainer.analysis.causal_report import causal_report
-            from trainer.study import load_definition
+            from trainer.studies.definition import load_definition
 
             causal_report(load_definition(args.study), Path(args.out))
             print((Path(args.out) / "causal.md").read_text())
             return 0
         if args.command == "calibrate":
             from trainer.analysis.calibration import calibrate_study
-            from trainer.study import load_definition
+            from trainer.studies.definition import load_definition
 
             print(
                 calibrate_study(
@@ -302,7 +302,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
             return 0
         if args.command == "study":
-            from trainer.study import run_study_cli
+            from trainer.studies.study import run_study_cli
 
             return run_study_cli(
                 args.definition, Path(args.out), args.overrides, args.variants, args.seeds

@@ -167,6 +167,40 @@ class DistContext:
         if self.enabled:
             dist.barrier()
 
+    def sync_expert_grads(self, named_params, is_expert: Any) -> None:
+        """Expert parallelism without FSDP replaces DDP's gradient all-reduce
+        (``average_gradients``); FSDP's reduce-scatter and DDP average on their own."""
+        if self.ep and not self.fsdp:
+            average_gradients(named_params, self, is_expert)
+
+    def clip_grad_norm_(
+        self, params: list[torch.Tensor], max_norm: float, named_params, is_expert: Any
+    ) -> torch.Tensor:
+        """Scale ``params``' gradients so the WHOLE model's L2 norm is at most
+        ``max_norm`` (inf: measure only); returns that norm, a plain tensor.
+
+        ``params`` are the tensors the optimiser steps (fp32 masters for bf16), in
+        the model's parameter order (the norm's summation order). One process, DDP
+        or FSDP without expert parallelism: ``clip_grad_norm_`` (a DTensor norm under
+        FSDP, made whole). With expert parallelism no rank holds every gradient: the
+        norm is summed over the shards (``sharded_grad_norm`` under FSDP,
+        ``global_grad_norm`` otherwise) and applied as clip_grad_norm_ does,
+        ``min(1, max_norm / (norm + 1e-6))``.
+        """
+        if self.ep:
+            if self.fsdp:
+                norm = sharded_grad_norm(params, self)
+            else:
+                norm = global_grad_norm(named_params, self, is_expert)
+            scale_by = float((max_norm / (norm + 1e-6)).clamp(max=1.0))
+            for p in params:
+                p.grad.mul_(scale_by)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor over the shards
+            norm = norm.full_tensor()
+        return norm
+
 
 SINGLE = DistContext()
 
@@ -290,12 +324,12 @@ def shard_model(
     all-gather casts them to bf16, so forward and backward compute on bf16
     weights exactly as the single-process run's bf16 parameters (rounded from
     its fp32 masters) do, and gradients are reduced in fp32. The routers are
-    units of their own that gather in fp32 (``trainer.precision.keeps_fp32``).
+    units of their own that gather in fp32 (``trainer.devices.precision.keeps_fp32``).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from trainer.precision import DTYPES
+    from trainer.devices.precision import DTYPES
 
     device_type = next(model.parameters()).device.type
     mesh = init_device_mesh(device_type, (ctx.world_size,))

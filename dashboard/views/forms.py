@@ -33,8 +33,8 @@ from lab.experiments.rights import NotAllowed, can_queue, can_share
 from lab.experiments.services import create_experiment, set_shared_with, shareable_groups
 from lab.runs import lifecycle, sweeps
 from lab.runs.models import Run
+from trainer.config.presets import list_presets, preset_dict
 from trainer.errors import FieldError
-from trainer.presets import list_presets, preset_dict
 
 PRIORITY_TEXT = re.compile(r"-?[0-9]{1,4}")
 EXPERIMENTS_PER_PAGE = 50

@@ -12,9 +12,9 @@ from lab.assets.prompt_cost import check_config_template
 from lab.assets.roots import check_config_paths
 from lab.assets.text_files import config_decode_error
 from trainer.config import ExperimentConfig, apply_overrides
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
 from trainer.errors import FieldError
-from trainer.presets import preset_dict
-from trainer.validation import validate_config
 
 Overrides = list[str] | Mapping[str, Any] | None
 

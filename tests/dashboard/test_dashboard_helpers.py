@@ -13,7 +13,7 @@ import pytest
 from dashboard.charts import Window, layer_heatmap, load_matrix, run_lines, thin
 from dashboard.configdiff import MISSING, config_diff, display_value, flatten
 from dashboard.panels import chart_id, keys_for_runs, moe_layers, sections_for
-from trainer.presets import preset_dict
+from trainer.config.presets import preset_dict
 
 PAGES_JS = Path(__file__).resolve().parents[2] / "dashboard" / "static" / "dashboard" / "pages.js"
 

@@ -239,7 +239,7 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
 ):
     """The header (status badge, step n/N, queue position / worker / attempt, Cancel
     run) follows the same poll as the charts; no reload."""
-    monkeypatch.setattr("dashboard.views.pages.LIVE_INTERVAL_MS", 400)
+    monkeypatch.setattr("dashboard.views.run_pages.LIVE_INTERVAL_MS", 400)
     alice = get_user_model().objects.get(username="alice")
     run = lifecycle.submit_run(
         owner=alice, experiment=study["experiment"], preset="moe-grpo", variant="live",

@@ -18,7 +18,7 @@ from integrations.trl_router_metrics import (
     expert_load_key,
 )
 from trainer import metric_keys as mk
-from trainer.measure import max_violation
+from trainer.run.measure import max_violation
 
 
 @pytest.fixture(scope="module")

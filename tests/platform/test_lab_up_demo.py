@@ -35,7 +35,7 @@ def test_a_lost_credentials_file_gets_a_new_password(db, tmp_path):
 def test_the_demo_is_a_slice_of_the_causal_study_on_one_thread_per_run(db, tmp_path):
     from lab.jobs.management.commands.lab_up import DEMO_SEEDS, DEMO_VARIANTS, STUDY_EXPERIMENT
     from lab.runs.models import Run
-    from trainer.study import load_definition
+    from trainer.studies.definition import load_definition
 
     Command()._demo_user(tmp_path)
     Command()._queue_study(steps=None)

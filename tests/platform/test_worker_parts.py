@@ -7,7 +7,7 @@ import sys
 
 from lab.jobs.supervisor import has_checkpoint, outcome, trainer_command
 from lab.jobs.tailer import MetricsTail
-from trainer.run_files import parse_metric_lines
+from trainer.run.files import parse_metric_lines
 
 
 def test_trainer_command_single_gpu_and_resume(tmp_path):

@@ -12,8 +12,9 @@ from trainer import metric_keys as K
 from trainer.config import ExperimentConfig
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
-from trainer.rollout_data import RolloutData
-from trainer.update import PolicyUpdater, behavior_logp, measure_batch
+from trainer.rollout.data import RolloutData
+from trainer.run.measure_step import measure_batch
+from trainer.run.update import PolicyUpdater, behavior_logp
 
 VOCAB = 24
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainer.collapse import CollapseDetector, binomial_std, detect_from_rows
+from trainer.analysis.collapse import CollapseDetector, binomial_std, detect_from_rows
 from trainer.config import CollapseConfig
 
 SAMPLES = 128  # 16 prompts x 8 answers: the study's batch
@@ -175,7 +175,7 @@ def test_detect_from_rows_rejudges_a_metrics_file():
 
 
 def test_removed_floor_field_still_loads_with_a_deprecation_note():
-    from trainer.config_migration import migrate
+    from trainer.config.migration import migrate
 
     data, notes = migrate({"run": {"collapse": {"floor": 0.1, "window": 7}}})
     assert data == {"run": {"collapse": {"window": 7}}}

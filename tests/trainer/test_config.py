@@ -9,13 +9,13 @@ import pytest
 from trainer.config import (
     ConfigDeprecationWarning,
     ExperimentConfig,
-    FieldError,
     apply_overrides,
     json_schema,
     parse_override,
 )
-from trainer.presets import PRESETS, preset_dict, resolve_preset
-from trainer.validation import validate_config
+from trainer.config.presets import PRESETS, preset_dict, resolve_preset
+from trainer.config.validation import validate_config
+from trainer.errors import FieldError
 
 
 def errors_of(data) -> dict[str, list[str]]:

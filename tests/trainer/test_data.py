@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.data import collate_prompts, collate_sft, decode_responses, repeat_for_groups
+from trainer.run.batches import collate_prompts, collate_sft, decode_responses, repeat_for_groups
 from trainer.tasks import CharTokenizer, Problem
 
 TOK = CharTokenizer()

@@ -36,11 +36,12 @@ from distributed_ranks import run_ranks
 
 from trainer import metric_keys as K
 from trainer.config import ExperimentConfig
+from trainer.devices.precision import cast_parameters
 from trainer.distributed import DistContext, full_state_dict
 from trainer.hf import build_model, resolve_model_source
-from trainer.precision import cast_parameters
-from trainer.rollout_data import RolloutData
-from trainer.update import PolicyUpdater, measure_batch
+from trainer.rollout.data import RolloutData
+from trainer.run.measure_step import measure_batch
+from trainer.run.update import PolicyUpdater
 
 ATOL = 5e-5
 MEAN_ATOL = 1e-6

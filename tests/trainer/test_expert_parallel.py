@@ -122,8 +122,8 @@ def _engine_setup():
     """A tiny MoE policy (same seed on every rank) and per-rank prompt batches of
     different sizes; EOS is the token the untrained policy emits most, so rows
     stop at different steps and ranks finish decoding at different times."""
+    from trainer.config.presets import resolve_preset
     from trainer.model import TransformerLM
-    from trainer.presets import resolve_preset
 
     cfg = resolve_preset("moe-grpo").model
     torch.manual_seed(0)

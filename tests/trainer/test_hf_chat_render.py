@@ -152,7 +152,7 @@ def test_a_messages_dataset_row_becomes_its_rendered_conversation(tmp_path):
     """task.messages_field: each row's turns are the prompt, rendered by the template
     with the run's template kwargs; rows whose turns are unusable are skipped by reason."""
     from trainer.config import TextTaskConfig
-    from trainer.data import collate_prompts
+    from trainer.run.batches import collate_prompts
     from trainer.tasks.text_data import build_problems
     from trainer.tasks.verifiers import make_verifier
 
@@ -185,7 +185,7 @@ def test_a_messages_dataset_row_becomes_its_rendered_conversation(tmp_path):
 
 
 def test_messages_and_template_kwargs_are_checked_by_the_schema():
-    from trainer.validation import validate_config
+    from trainer.config.validation import validate_config
 
     def errors(data):
         with pytest.raises(FieldError) as exc:

@@ -14,13 +14,13 @@ import pytest
 import torch
 from hf_tiny_checkpoints import save_hf_checkpoint
 
-from trainer.checkpoint import save_checkpoint
 from trainer.cli import main as cli_main
 from trainer.config import ExperimentConfig
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf import build_model, export_hf, resolve_model_source
 from trainer.hf import export as export_module
 from trainer.model.layers import positions_from_mask
+from trainer.run.checkpoint import save_checkpoint
 from trainer.tasks.byte_tokenizer import ByteTokenizer
 from trainer.tasks.tokenizer import CharTokenizer
 

@@ -1,6 +1,6 @@
-"""Lead-lag definitions on constructed series (trainer/lead_lag.py)."""
+"""Lead-lag definitions on constructed series (trainer/analysis/lead_lag.py)."""
 
-from trainer.lead_lag import lead_lag_table, rise_step
+from trainer.analysis.lead_lag import lead_lag_table, rise_step
 
 
 def test_rise_step_by_hand():

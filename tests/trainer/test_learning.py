@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from trainer.config import apply_overrides
-from trainer.presets import preset_dict
-from trainer.runner import train
-from trainer.validation import validate_config
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
+from trainer.run.runner import train
 
 STUDY = Path(__file__).resolve().parents[2] / "trainer" / "studies" / "causal.json"
 

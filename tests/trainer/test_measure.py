@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer import metric_keys as mk
-from trainer.measure import (
+from trainer.run.measure import (
     estimator_stats,
     expert_load,
     expert_stats,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.config.presets import resolve_preset
 from trainer.model import TransformerLM
-from trainer.presets import resolve_preset
 from trainer.rollout.engine import RolloutEngine
 
 REFERENCE = Path(__file__).parent / "data" / "builtin_model_reference.pt"

@@ -15,7 +15,7 @@ from trainer.rollout import (
     sample_next,
     top_p_filter,
 )
-from trainer.stabilizers.replay import pack_routing, unpack_routing
+from trainer.rollout.routing_pack import pack_routing, unpack_routing
 
 VOCAB = 24
 

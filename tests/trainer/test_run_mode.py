@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from trainer.config import apply_overrides
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
 from trainer.devices.run_mode import (
     CUBLAS_WORKSPACE_ENV,
     NumericsModeError,
@@ -17,9 +19,7 @@ from trainer.devices.run_mode import (
     device_record,
     numerics_mode,
 )
-from trainer.presets import preset_dict
-from trainer.runner import train
-from trainer.validation import validate_config
+from trainer.run.runner import train
 
 FAST = [
     "run.steps=2",

@@ -3,7 +3,7 @@
 import pytest
 
 from trainer.config import OptimConfig, RolloutConfig
-from trainer.schedules import entropy_coef_at, lr_at, prompts_at
+from trainer.run.schedules import entropy_coef_at, lr_at, prompts_at
 
 
 def test_warmup_then_cosine():

@@ -16,12 +16,13 @@ from tests.trainer.conftest import left_padded_batch
 from trainer import metric_keys as K
 from trainer.algorithms.balance import router_z_loss, switch_aux_loss
 from trainer.config import ExperimentConfig
-from trainer.measure import expert_load, max_violation, routing_differs
 from trainer.model import LayerRouting, TransformerLM, topk_gates
 from trainer.rollout import RolloutEngine, prompt_logprobs
-from trainer.rollout_data import RolloutData, ship_routing
+from trainer.rollout.data import RolloutData, ship_routing
+from trainer.run.measure import expert_load, max_violation, routing_differs
+from trainer.run.measure_step import measure_batch
+from trainer.run.update import PolicyUpdater
 from trainer.stabilizers.loop import Stabilizers
-from trainer.update import PolicyUpdater, measure_batch
 
 VOCAB = 24
 MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_experts": 8, "top_k": 2,

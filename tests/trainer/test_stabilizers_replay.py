@@ -6,16 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.stabilizers.replay import (
-    RouterAnchor,
+from trainer.rollout.routing_pack import (
     combination_bound_bits,
     index_bits,
-    own_choice_share,
     pack_routing,
-    replay_keep_mask,
-    replayed_fraction,
     storage_report,
     unpack_routing,
+)
+from trainer.stabilizers.replay import (
+    RouterAnchor,
+    own_choice_share,
+    replay_keep_mask,
+    replayed_fraction,
 )
 
 torch.set_num_threads(1)

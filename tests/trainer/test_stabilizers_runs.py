@@ -7,10 +7,10 @@ import pytest
 
 from trainer import metric_keys as K
 from trainer.config import apply_overrides
-from trainer.presets import PRESETS, preset_dict
-from trainer.run_files import read_metrics
-from trainer.runner import train
-from trainer.validation import validate_config
+from trainer.config.presets import PRESETS, preset_dict
+from trainer.config.validation import validate_config
+from trainer.run.files import read_metrics
+from trainer.run.runner import train
 
 TINY = [
     "run.steps=2",

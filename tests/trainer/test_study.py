@@ -5,15 +5,10 @@ import json
 import pytest
 
 from trainer.errors import FieldError
-from trainer.runner import train
-from trainer.study import (
-    BUILTIN_STUDIES,
-    StudyDefinition,
-    censored_collapse,
-    load_definition,
-    markdown_table,
-    run_study,
-)
+from trainer.run.runner import train
+from trainer.studies.definition import BUILTIN_STUDIES, StudyDefinition, load_definition
+from trainer.studies.results import censored_collapse, markdown_table
+from trainer.studies.study import run_study
 
 TINY = [
     "run.steps=2",
@@ -213,7 +208,7 @@ def test_dose_and_fixes_definitions():
 
 
 def test_a_slice_of_a_study_by_variants_and_seeds():
-    from trainer.study import select
+    from trainer.studies.definition import select
 
     dose = load_definition("dose")
     part = select(dose, "moe-grpo-fp8,dense-grpo-fp8", "0,3")
@@ -243,7 +238,7 @@ def test_seed_fields_give_every_seed_its_own_base():
 
 
 def test_k3_profile_median_and_spikes_by_hand():
-    from trainer.study import k3_profile
+    from trainer.studies.results import k3_profile
 
     # Median of [1, 2, 3, 50, None, 2] (None skipped) = 2; spikes are > 10 x 2 = 20: one (50).
     assert k3_profile([1e-3, 2e-3, 3e-3, 50e-3, None, 2e-3]) == {
@@ -254,7 +249,7 @@ def test_k3_profile_median_and_spikes_by_hand():
 
 @pytest.mark.slow
 def test_distinct_bases_train_in_parallel_once_each(tmp_path, monkeypatch):
-    from trainer.study import _train_bases
+    from trainer.studies.study import _train_bases
 
     monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
     study = StudyDefinition.from_dict(
@@ -267,7 +262,7 @@ def test_distinct_bases_train_in_parallel_once_each(tmp_path, monkeypatch):
 
 
 def test_set_may_not_override_what_a_variant_sets_itself():
-    from trainer.study import check_overrides
+    from trainer.studies.definition import check_overrides
 
     kl = load_definition("kl-order")
     with pytest.raises(FieldError, match=r"dense-grpo set model\.n_experts"):

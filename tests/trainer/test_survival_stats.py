@@ -1,10 +1,10 @@
-"""Survival statistics against hand-computed values (trainer/survival_stats.py)."""
+"""Survival statistics against hand-computed values (trainer/analysis/kaplan_meier.py)."""
 
 import math
 
 import pytest
 
-from trainer.survival_stats import (
+from trainer.analysis.kaplan_meier import (
     chi2_1_sf,
     kaplan_meier,
     log_rank,

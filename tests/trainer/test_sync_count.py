@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
+from trainer.config.presets import resolve_preset
 from trainer.devices.sync_count import count_syncs
 from trainer.model import TransformerLM
-from trainer.presets import resolve_preset
 from trainer.rollout.engine import RolloutEngine
 
 VOCAB = 32

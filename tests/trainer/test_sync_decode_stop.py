@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainer.config.presets import resolve_preset
 from trainer.model import TransformerLM
-from trainer.presets import resolve_preset
 from trainer.rollout.engine import RolloutEngine
 
 VOCAB = 32

@@ -8,8 +8,9 @@ import re
 import pytest
 
 from trainer.config import ArithmeticTaskConfig, ExperimentConfig, SortTaskConfig
+from trainer.config.presets import PRESETS, resolve_preset
+from trainer.config.validation import validate_config
 from trainer.errors import FieldError
-from trainer.presets import PRESETS, resolve_preset
 from trainer.tasks import (
     HELD_OUT_SHARE,
     ArithmeticTask,
@@ -20,7 +21,6 @@ from trainer.tasks import (
     make_task,
 )
 from trainer.tasks.arithmetic import add_scratchpad, mul_scratchpad, sub_scratchpad
-from trainer.validation import validate_config
 
 
 def arithmetic(**kwargs) -> ArithmeticTask:

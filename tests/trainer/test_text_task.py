@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from trainer.config import ExperimentConfig, TextTaskConfig
+from trainer.config.presets import resolve_preset
+from trainer.config.validation import validate_config
 from trainer.errors import FieldError
-from trainer.presets import resolve_preset
 from trainer.tasks import TextTask, check_lengths, make_task
 from trainer.tasks.byte_tokenizer import ByteTokenizer
 from trainer.tasks.verifiers import (
@@ -27,7 +28,6 @@ from trainer.tasks.verifiers import (
     make_verifier,
     parse_number,
 )
-from trainer.validation import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -296,9 +296,9 @@ def test_text_task_on_an_imported_model_counts_lengths_in_its_tokens(tmp_path):
         word_problem_characters,
     )
 
+    from trainer.config.presets import preset_dict
     from trainer.hf import resolve_model_source
     from trainer.hf.tokenizer import CheckpointTokenizer, install_checkpoint_tokenizer
-    from trainer.presets import preset_dict
 
     save_hf_checkpoint("qwen3_moe", tmp_path)
     save_char_tokenizer(tmp_path, word_problem_characters())

@@ -12,7 +12,7 @@ from hf_tiny_checkpoints import save_hf_checkpoint
 
 from trainer.config import ExperimentConfig
 from trainer.hf.files import content_fingerprint
-from trainer.warmstart import warm_start_key
+from trainer.run.warmstart import warm_start_key
 
 CPU = torch.device("cpu")
 

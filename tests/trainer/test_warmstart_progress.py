@@ -10,11 +10,11 @@ from test_runner import FAST as RUNNER_FAST
 
 from trainer import metric_keys as K
 from trainer.config import apply_overrides
-from trainer.presets import preset_dict
-from trainer.run_files import PROGRESS_FILE, read_metrics
-from trainer.runner import train
-from trainer.validation import validate_config
-from trainer.warmstart_progress import WarmStartReporter, eta_seconds, format_eta, read_progress
+from trainer.config.presets import preset_dict
+from trainer.config.validation import validate_config
+from trainer.run.files import PROGRESS_FILE, read_metrics
+from trainer.run.runner import train
+from trainer.run.warmstart_progress import WarmStartReporter, eta_seconds, format_eta, read_progress
 
 # The runner tests' fast config, 2 steps.
 FAST = [*RUNNER_FAST, "run.steps=2"]
@@ -86,7 +86,7 @@ def test_a_run_reports_its_warm_start_then_a_cache_hit(tmp_path, monkeypatch, ca
 def test_a_warm_start_that_misses_its_target_says_so(tmp_path, monkeypatch, capsys):
     """Two SFT steps cannot reach a 0.9 target: the run says the base missed it, with
     the numbers and what to change, instead of starting RL silently."""
-    from trainer.warmstart import missed_target
+    from trainer.run.warmstart import missed_target
 
     monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
     overrides = [*FAST, "warm_start.max_steps=2", "warm_start.eval_every=1",

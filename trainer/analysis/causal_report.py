@@ -1,7 +1,7 @@
 """The causal study's report: the pre-registered analysis of a study folder.
 
 ``causal_report(study, out)`` reads every finished run of the study (judged by
-the collapse rule as fixed in the pre-registration, ``trainer.collapse.rejudge_collapse``),
+the collapse rule as fixed in the pre-registration, ``trainer.analysis.collapse.rejudge_collapse``),
 and writes ``causal.json`` and ``causal.md`` into the study folder:
 
 * per cell: runs, collapses, the routing gap and k3 at the start, the
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as K
+from trainer.analysis.collapse import rejudge_collapse
 from trainer.analysis.intervals import bca_interval, holm, t_interval
 from trainer.analysis.survival import (
     GAP_UNIT,
@@ -34,8 +35,7 @@ from trainer.analysis.survival import (
     run_gap,
     run_table,
 )
-from trainer.collapse import rejudge_collapse
-from trainer.run_files import SUMMARY_FILE, read_metrics, run_succeeded
+from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
 
 ALPHA = 0.05
 START_STEPS = 10  # "at the start": the mean over a run's first steps
@@ -43,7 +43,7 @@ START_STEPS = 10  # "at the start": the mean over a run's first steps
 
 def load_runs(study, out: Path) -> list[dict[str, Any]]:
     """Every finished run of the study under ``out``, with its covariates and metrics.
-    ``study``: a ``trainer.study.StudyDefinition`` (variants, seeds, config_for, base_of)."""
+    ``study``: a ``trainer.studies.definition.StudyDefinition`` (variants, seeds, config_for, base_of)."""
     runs = []
     for variant in study.variants:
         for seed in study.seeds:

@@ -1,7 +1,7 @@
 """The collapse detector's error rates in a study's regime, by simulation.
 
 The causal study's endpoint is the step the collapse detector
-(``trainer.collapse``, with the run's ``run.collapse`` settings) dates. Its
+(``trainer.analysis.collapse``, with the run's ``run.collapse`` settings) dates. Its
 two errors, measured here on synthetic runs shaped like the study's:
 
 * false positives: noise-only runs (a constant true accuracy, as a run at
@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from trainer import metric_keys as K
-from trainer.collapse import CollapseDetector
+from trainer.analysis.collapse import CollapseDetector
 from trainer.config import CollapseConfig, ExperimentConfig
-from trainer.run_files import CONFIG_FILE, read_metrics, run_succeeded
+from trainer.run.files import CONFIG_FILE, read_metrics, run_succeeded
 
 PROMPT_CONCENTRATION = 0.4
 

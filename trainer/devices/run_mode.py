@@ -27,6 +27,7 @@ import torch
 
 from trainer.config import ExperimentConfig
 from trainer.devices.capability import capability_label, device_capability, has_fp8_gemm
+from trainer.devices.dtypes import DTYPES
 from trainer.model.dispatch import choose_backend
 
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
@@ -125,7 +126,7 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
         "timings": "synchronised at phase boundaries" if device.type == "cuda" else "eager",
     }
     if cfg.model.n_experts:
-        train_dtype = torch.bfloat16 if cfg.optim.param_dtype == "bf16" else torch.float32
+        train_dtype = DTYPES[cfg.optim.param_dtype]
         record["moe_backend"] = {
             "train": choose_backend("auto", device.type, train_dtype, capability),
             "rollout": choose_backend("auto", device.type, engine_dtype, capability),

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer.hf.export import export_hf, export_run
-    from trainer.hf.families import FAMILIES, hf_config_from_model, model_fields_from_hf
+    from trainer.hf.export_config import hf_config_from_model
+    from trainer.hf.families import FAMILIES, model_fields_from_hf
     from trainer.hf.loader import build_model, load_hf_weights, resolve_model_source
 
 _HOME = {
     "export_hf": "trainer.hf.export",
     "export_run": "trainer.hf.export",
     "FAMILIES": "trainer.hf.families",
-    "hf_config_from_model": "trainer.hf.families",
+    "hf_config_from_model": "trainer.hf.export_config",
     "model_fields_from_hf": "trainer.hf.families",
     "build_model": "trainer.hf.loader",
     "load_hf_weights": "trainer.hf.loader",

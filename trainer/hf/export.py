@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from trainer.config import ModelConfig
+from trainer.devices.dtypes import HF_DTYPES
 from trainer.errors import FieldError
-from trainer.hf.families import export_family, hf_config_from_model
+from trainer.hf.export_config import export_family, hf_config_from_model
 from trainer.hf.files import INDEX_FILE, SINGLE_FILE, read_json_file
 from trainer.hf.weights import weight_plan
 
@@ -41,7 +42,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = HF_DTYPES  # --dtype: the Hugging Face names
 
 
 def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -200,9 +201,9 @@ def export_run(
     """
     from pydantic import ValidationError
 
-    from trainer.checkpoint import checkpoint_path, load_checkpoint, read_sharded_policy
     from trainer.config import ExperimentConfig
-    from trainer.run_files import CONFIG_FILE
+    from trainer.run.checkpoint import checkpoint_path, load_checkpoint, read_sharded_policy
+    from trainer.run.files import CONFIG_FILE
 
     config_file = run_dir / CONFIG_FILE
     if not config_file.exists():

@@ -32,7 +32,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from trainer.devices.dtypes import DTYPES
+
+PRECISIONS = DTYPES  # rollout.precision: fp32 | bf16 | fp16 (fp8 below)
 # fp8: activations stored in bf16 (the half dtype below), GEMM operands in e4m3.
 STORAGE = {**PRECISIONS, "fp8": torch.bfloat16}
 FP8_DTYPE = torch.float8_e4m3fn

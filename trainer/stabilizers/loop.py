@@ -2,10 +2,10 @@
 
 Every technique is a config switch (``cfg.stabilizers``); with all of them off the
 object only ships the engine's routing and reports its storage. Per step, in
-loop order (``trainer/runner.py``, ``trainer/update.py``):
+loop order (``trainer/run/runner.py``, ``trainer/run/update.py``):
 
-    ship_routing          (trainer.rollout_data) the engine's routing travels bit-packed
-                          (replay.pack_routing) and is unpacked for training
+    ship_routing          (trainer.rollout.data) the engine's routing travels bit-packed
+                          (rollout.routing_pack.pack_routing) and is unpacked for training
     begin_step            R3 warm-up: this step's (token, layer) replay mask
     routing_for_measure   what the old-log-prob forward replays (R3 only)
     observe               the measure forward's routing: the step's expert loads and
@@ -39,8 +39,8 @@ from trainer import metric_keys as K
 from trainer.algorithms.balance import aux_free_bias_update, router_z_loss, switch_aux_loss
 from trainer.config import ExperimentConfig
 from trainer.distributed import SINGLE, DistContext
-from trainer.measure import expert_load
 from trainer.model import LayerRouting, TransformerLM
+from trainer.run.measure import expert_load
 from trainer.stabilizers.expert_clip import clip_expert_params_
 from trainer.stabilizers.replay import (
     RouterAnchor,
@@ -51,7 +51,7 @@ from trainer.stabilizers.surgery_step import surgery_backward, surgery_metrics
 from trainer.stabilizers.temperature import RouterTemperatureController
 
 if TYPE_CHECKING:
-    from trainer.rollout_data import RolloutData
+    from trainer.rollout.data import RolloutData
 
 Replay = tuple[list[Tensor] | None, list[Tensor] | None]
 

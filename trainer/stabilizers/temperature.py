@@ -19,7 +19,7 @@ from typing import Any
 from torch import Tensor
 
 from trainer.config import RouterTemperatureConfig
-from trainer.measure import utilization
+from trainer.run.measure import utilization
 
 
 class RouterTemperatureController:

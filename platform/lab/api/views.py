@@ -37,7 +37,7 @@ from lab.runs.metrics import read as metric_reads
 from lab.runs.metrics.downsample import MIN_POINTS
 from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
 from trainer.config import json_schema
-from trainer.presets import list_presets, preset_dict
+from trainer.config.presets import list_presets, preset_dict
 
 METRIC_KEY = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
 MAX_METRIC_KEYS = 64

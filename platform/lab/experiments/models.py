@@ -56,7 +56,7 @@ class Sweep(models.Model):
     study = models.JSONField(
         null=True,
         blank=True,
-        help_text="The stability-study definition (trainer/study.py) this sweep runs, "
+        help_text="The stability-study definition (trainer/studies/definition.py) this sweep runs, "
         "when it came from one: named variants x seeds instead of a grid.",
     )
     created_at = models.DateTimeField(auto_now_add=True)

@@ -2,9 +2,10 @@
 
 torchrun does the distributed part: every member worker starts
 ``torch.distributed.run --nnodes N --rdzv-backend c10d --rdzv-endpoint
-HOST:PORT --rdzv-id run<pk>-a<attempt>`` and torchrun's c10d rendezvous
-joins them (the leader's agent hosts the store at the endpoint). The queue
-only decides who the members are:
+HOST:PORT --rdzv-id run<pk>-a<attempt>`` (``rendezvous`` below; the command
+line is trainer/launch.py's) and torchrun's c10d rendezvous joins them (the
+leader's agent hosts the store at the endpoint). The queue only decides who
+the members are:
 
 1. A wake-up claims the run as usual (``claim_next``): that worker leads
    (node 0). ``lead`` records the gang and the endpoint for this attempt and
@@ -39,6 +40,7 @@ from django.utils import timezone
 from lab.jobs.models import Worker
 from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.models import Run, RunStatus
+from trainer.launch import Rendezvous
 
 log = logging.getLogger("jobs")
 
@@ -142,14 +144,12 @@ def release(run_id: int, attempt: int, reason: str) -> bool:
     return bool(released)
 
 
-def torchrun_args(run: Run, timeout_s: float) -> list[str]:
-    """torchrun's options for one member of the run's current gang."""
-    return [
-        f"--nnodes={run.nodes}",
-        f"--nproc_per_node={run.gpus}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={run.rdzv_endpoint}",
-        f"--rdzv-id=run{run.pk}-a{run.attempts}",
-        f"--rdzv-conf=join_timeout={timeout_s:g}",
-        "--max-restarts=0",
-    ]
+def rendezvous(run: Run, timeout_s: float) -> Rendezvous:
+    """The c10d rendezvous of the run's current gang, the same on every member
+    (trainer/launch.py builds each member's torchrun command from it)."""
+    return Rendezvous(
+        nnodes=run.nodes,
+        endpoint=run.rdzv_endpoint,
+        run_id=f"run{run.pk}-a{run.attempts}",
+        join_timeout_s=timeout_s,
+    )

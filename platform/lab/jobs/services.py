@@ -3,7 +3,8 @@ UPDATE on (id, status, attempts) so at most one actor wins every transition:
 
     queued --claim--> running --finish--> succeeded | failed | cancelled
        ^                 |
-       +---requeue-------+   (heartbeat stale, attempts left; else -> failed)
+       +---requeue-------+   (heartbeat stale, attempts left; else -> failed; a trainer
+                                 interrupted by its worker's shutdown: the attempt unspent)
 
 The database decides what runs next: a wake-up claims the highest-priority,
 oldest queued run of its queue (``claim_next``), the order the pages show as
@@ -29,7 +30,7 @@ from lab.runs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunOrigin, RunStatus
-from trainer.run_files import METRICS_FILE, parse_metric_lines
+from trainer.run.files import METRICS_FILE, parse_metric_lines
 
 log = logging.getLogger("jobs")
 
@@ -150,6 +151,38 @@ def finish_run(
     if won:  # final now: its metrics no longer change, keep them as columns
         seal_metrics(claim.run_id)
     return won
+
+
+def requeue_attempt(
+    claim: Claim, *, error: str, current_step: int | None = None, spent: bool = True
+) -> bool:
+    """running -> queued for another attempt, fenced by this one, with a new
+    wake-up published on commit; False if this attempt had already lost the run.
+
+    ``spent=False`` gives the attempt back unspent (a worker's graceful
+    shutdown): ``attempts`` is the fencing token and never goes back (a late
+    write of this attempt must stay fenced out once the next claim takes
+    ``attempts + 1``), so the allowance ``max_attempts`` grows by one instead."""
+    task_id = new_task_id()
+    fields: dict[str, Any] = {
+        "status": RunStatus.QUEUED,
+        "task_id": task_id,
+        "worker_host": "",
+        "published_at": timezone.now(),
+        "error": error,
+    }
+    if current_step is not None:
+        fields["current_step"] = current_step
+    if not spent:
+        fields["max_attempts"] = F("max_attempts") + 1
+    with transaction.atomic():
+        run = Run.objects.only("queue", "priority").get(pk=claim.run_id)
+        requeued = Run.objects.filter(
+            pk=claim.run_id, status=RunStatus.RUNNING, attempts=claim.attempt
+        ).update(**fields)
+        if requeued:
+            send_run_on_commit(run.pk, run.queue, run.priority, task_id)
+    return bool(requeued)
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,15 @@ from celery.signals import (
 )
 from django.db import close_old_connections
 
+from lab.jobs.worker_state import CURRENT_RUN, SHUTDOWN
+
 log = logging.getLogger("jobs")
 REGISTRY_PERIOD_S = 5.0
 _stop = threading.Event()
 
 
 def _registry_loop(hostname: str, queues: list[str]) -> None:
-    from lab.jobs import capacity, services, supervisor
+    from lab.jobs import capacity, services
 
     owns = capacity.this_worker()
     while not _stop.is_set():
@@ -40,7 +42,7 @@ def _registry_loop(hostname: str, queues: list[str]) -> None:
                 gpu_index=",".join(owns.devices),
                 gpus=owns.gpus,
                 cpu_slots=owns.cpu_slots,
-                current_run_id=supervisor.CURRENT_RUN["id"],
+                current_run_id=CURRENT_RUN["id"],
             )
         except Exception:  # a DB hiccup must not kill the worker; retry next period
             log.exception("worker registry update failed")
@@ -67,9 +69,7 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
 
 @worker_shutting_down.connect
 def _on_shutting_down(**_kwargs) -> None:
-    from lab.jobs import supervisor
-
-    supervisor.SHUTDOWN.set()
+    SHUTDOWN.set()  # a trainer that stops now was interrupted, never cancelled
 
 
 @worker_shutdown.connect

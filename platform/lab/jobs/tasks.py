@@ -18,6 +18,7 @@ from django.db import DatabaseError, close_old_connections
 
 from lab.assets import services as assets
 from lab.jobs import services, supervisor
+from lab.jobs.worker_state import SHUTDOWN
 from lab.runs import exports
 from lab.runs.metrics.seal import seal_unsealed_runs
 
@@ -34,7 +35,7 @@ def claim_retry_delay(retries: int) -> int:
 )
 def execute_run(self, run_id: int) -> str:
     host = self.request.hostname or "worker"
-    if supervisor.SHUTDOWN.is_set():
+    if SHUTDOWN.is_set():
         # A worker in warm shutdown can still be handed a message (the filesystem
         # transport's consumer polls until the pool stops), often the very run it
         # just gave back. Claiming would spend a fencing number on a trainer that

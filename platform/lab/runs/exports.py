@@ -18,7 +18,7 @@ from django.utils import timezone
 from lab.experiments import rights
 from lab.runs.models import CheckpointExport, ExportStatus, Run
 from trainer.errors import FieldError
-from trainer.run_files import checkpoint_path
+from trainer.run.files import checkpoint_path
 
 EXPORT_QUEUE = "control"
 # The keys of trainer.hf.export.DTYPES (tests/platform/test_exports.py holds them

@@ -20,7 +20,7 @@ from lab.runs.limits import check_new_runs, check_sweep_size
 from lab.text import clean_text
 from trainer.config import ExperimentConfig
 from trainer.errors import FieldError
-from trainer.study import StudyDefinition, check_overrides
+from trainer.studies.definition import StudyDefinition, check_overrides
 
 
 def expand_grid(
@@ -116,7 +116,7 @@ def create_study_sweep(
     queue: str | None = None,
     overrides: Sequence[str] = (),
 ) -> Sweep:
-    """Queue a stability study (trainer/study.py) as a sweep: one run per variant x seed.
+    """Queue a stability study (trainer/studies/definition.py) as a sweep: one run per variant x seed.
 
     The same definition that ``python -m trainer study`` runs; every config is
     validated first (errors name ``variants.<name>.<field>``), so a bad study

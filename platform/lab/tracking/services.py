@@ -16,7 +16,7 @@ Status: MLflow's RUNNING / SCHEDULED -> running, FINISHED -> succeeded,
 FAILED -> failed, KILLED -> cancelled. An external run never enters the
 lab's queue (``queue = "external"``, never ``queued``) and has no heartbeat,
 so the reconciler leaves it alone. When it ends, the lab's collapse rule
-(trainer/collapse.py) runs over its stored accuracy and the outcome is its
+(trainer/analysis/collapse.py) runs over its stored accuracy and the outcome is its
 summary, as a lab run's trainer writes it.
 """
 
@@ -47,7 +47,7 @@ from lab.tracking.errors import (
 from lab.tracking.models import TrackedRun
 from lab.tracking.payload import Point
 from trainer import metric_keys as mk
-from trainer.collapse import detect_from_rows
+from trainer.analysis.collapse import detect_from_rows
 from trainer.config import CollapseConfig
 from trainer.errors import FieldError
 
@@ -460,7 +460,7 @@ def _store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
 
 def _outcome(run: Run, tracked: TrackedRun) -> dict[str, Any]:
     """The run's summary as the lab's trainer writes it: the collapse rule
-    (trainer/collapse.py, default CollapseConfig) over the stored batch accuracy,
+    (trainer/analysis/collapse.py, default CollapseConfig) over the stored batch accuracy,
     or the reward mean when the run logs no accuracy (a 0/1 verifier's reward is
     its accuracy)."""
     rows = list(

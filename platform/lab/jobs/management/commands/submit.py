@@ -31,7 +31,7 @@ from lab.runs import lifecycle, sweeps
 from lab.runs.lifecycle import check_queue
 from lab.runs.models import Run
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
-from trainer.study import BUILTIN_STUDIES
+from trainer.studies.definition import BUILTIN_STUDIES
 
 
 class Command(BaseCommand):

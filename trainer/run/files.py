@@ -17,9 +17,9 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
 LOG_FILE = "trainer.log"  # the child's stdout/stderr, written by the platform worker
-CHECKPOINT_DIR = "checkpoints"  # resumable state (trainer.checkpoint)
+CHECKPOINT_DIR = "checkpoints"  # resumable state (trainer.run.checkpoint)
 CHECKPOINT_NAME = "last.pt"  # the one checkpoint a run keeps (or the name of its shards)
-PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/warmstart_progress.py)
+PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/run/warmstart_progress.py)
 # A rank's own exit code, when it means something to the platform (bad config,
 # folder busy, lease expired): torchrun reports any failed rank as exit 1.
 EXIT_CODE_FILE = "exit_code"
@@ -35,7 +35,7 @@ def _clean(value: Any) -> Any:
 
 
 def checkpoint_path(run_dir: Path) -> Path:
-    """Where a run keeps its checkpoint (written by trainer.checkpoint; a path join
+    """Where a run keeps its checkpoint (written by trainer.run.checkpoint; a path join
     here so the platform finds it without importing torch)."""
     return run_dir / CHECKPOINT_DIR / CHECKPOINT_NAME
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.data import collate_prompts, decode_responses
 from trainer.rollout import RolloutEngine
+from trainer.run.batches import collate_prompts, decode_responses
 from trainer.tasks import Problem, Task
 
 

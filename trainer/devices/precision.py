@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+from trainer.devices.dtypes import DTYPES  # optim.param_dtype takes fp32 | bf16
 
 
 def keeps_fp32(name: str) -> bool:

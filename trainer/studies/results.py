@@ -1,25 +1,5 @@
-"""The stability study: variants x seeds, one table, the figures behind it.
-
-A study definition is JSON (the platform runs the same definition as a sweep):
-
-    {
-      "name": "quick",
-      "description": "...",
-      "base": {"preset": "moe-grpo", "set": ["run.steps=60", ...]},
-      "seeds": [0, 1, 2],
-      "variants": [
-        {"name": "dense-grpo", "set": ["model.n_experts=0"]},
-        {"name": "moe-grpo-r3", "set": ["stabilizers.replay.mode=\\"r3\\""]}
-      ]
-    }
-
-Each run's config = base preset + base ``set`` + the variant's ``set`` +
-``run.seed``, and the same seed in every field of ``"seed_fields"`` (e.g.
-``["warm_start.seed"]``: each seed then starts from its own independently
-warm-started base, so the seeds replicate the base as well as the RL run;
-with ``"bases": N`` the fields get ``seed % N`` instead, N bases shared by the
-seeds in turn). Runs land in OUT/<variant>/seed<k>/; a finished run is not run
-again, so an interrupted study continues where it stopped.
+"""A study's results: per-variant tables from its run folders, survival statistics,
+the dose-response fit, and the markdown report (``write_report``).
 
 Collapse steps are censored: a run that never collapsed counts as surviving to
 its last step, and a variant with any such seed shows ">= N" (a lower bound),
@@ -30,245 +10,20 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import statistics
-import time
-from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as K
-from trainer.collapse import CollapseSummary, rejudge_collapse, summarize_collapses
-from trainer.config import ExperimentConfig, apply_overrides
-from trainer.errors import FieldError
-from trainer.presets import preset_dict
-from trainer.run_files import SUMMARY_FILE, read_metrics, run_succeeded
-from trainer.validation import validate_config
+from trainer.analysis.collapse import CollapseSummary, rejudge_collapse, summarize_collapses
+from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
+from trainer.studies.definition import StudyDefinition
 
-# Every definition shipped in trainer/studies/ is a built-in study, by its file name.
-BUILTIN_STUDIES = tuple(
-    sorted(
-        entry.name.removesuffix(".json")
-        for entry in resources.files("trainer.studies").iterdir()
-        if entry.name.endswith(".json")
-    )
-)
 # A k3 spike: a step whose k3 is this many times the run's own median k3 (an
 # order-of-magnitude excursion, what the KL traces of the R3 paper show as spikes).
 K3_SPIKE_FACTOR = 10.0
 
 
-@dataclass
-class Variant:
-    name: str
-    overrides: list[str] = field(default_factory=list)
-
-
-@dataclass
-class StudyDefinition:
-    name: str
-    description: str
-    base_preset: str
-    base_overrides: list[str]
-    seeds: list[int]
-    variants: list[Variant]
-    parallel: int = 2
-    # The arm the log-rank tests compare with (default: moe-grpo when present, else the first).
-    reference: str | None = None
-    # Dose-response layout: {"axis": "rollout.precision", "levels": [...], "arms": [...]};
-    # the variant of arm A at level L is named "A-L".
-    dose: dict[str, Any] | None = None
-    # Config fields that every seed also sets to the seed (see the module docstring).
-    seed_fields: list[str] = field(default_factory=list)
-    # With ``bases`` = N the seed fields get seed % N: seeds k, k + N, ... share base k,
-    # so a cell's runs spread over N independently warm-started bases.
-    bases: int | None = None
-    # "causal": also write the pre-registered analysis (trainer.analysis.causal_report).
-    analysis: str | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StudyDefinition:
-        def need(obj: dict, key: str, where: str):
-            if key not in obj:
-                raise FieldError([(f"{where}{key}", "required")])
-            return obj[key]
-
-        base = need(data, "base", "")
-        variants = need(data, "variants", "")
-        if not isinstance(variants, list) or not variants:
-            raise FieldError([("variants", "give at least one variant")])
-        names = [need(v, "name", f"variants.{i}.") for i, v in enumerate(variants)]
-        if len(set(names)) != len(names):
-            raise FieldError([("variants", "variant names must be unique")])
-        seeds = data.get("seeds", [0, 1, 2])
-        if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-            raise FieldError([("seeds", "give a list of non-negative integer seeds")])
-        study = cls(
-            name=data.get("name", "study"),
-            description=data.get("description", ""),
-            base_preset=base.get("preset", "moe-grpo"),
-            base_overrides=list(base.get("set", [])),
-            seeds=list(seeds),
-            variants=[Variant(v["name"], list(v.get("set", []))) for v in variants],
-            parallel=int(data.get("parallel", 2)),
-            reference=data.get("reference"),
-            dose=data.get("dose"),
-            seed_fields=_seed_fields(data.get("seed_fields", [])),
-            bases=_bases(data.get("bases"), data.get("seed_fields")),
-            analysis=_analysis(data.get("analysis")),
-        )
-        if study.reference is not None and study.reference not in names:
-            raise FieldError([("reference", f"no variant named {study.reference!r}")])
-        for variant in study.variants:  # fail before any run starts
-            for seed in study.seeds[:1]:
-                study.config_for(variant, seed)
-        return study
-
-    def base_of(self, seed: int) -> int:
-        """The value the seed fields get for ``seed`` (the base it starts from)."""
-        return seed % self.bases if self.bases else seed
-
-    def config_for(self, variant: Variant, seed: int, extra: list[str] = ()) -> ExperimentConfig:
-        data = apply_overrides(
-            preset_dict(self.base_preset),
-            [
-                *self.base_overrides,
-                *variant.overrides,
-                *extra,
-                f"run.seed={seed}",
-                *(f"{path}={self.base_of(seed)}" for path in self.seed_fields),
-            ],
-        )
-        try:
-            return validate_config(data)
-        except FieldError as exc:
-            raise FieldError(
-                [(f"variants.{variant.name}.{path}", msg) for path, msg in exc.errors]
-            ) from None
-
-
-ANALYSES = ("causal",)
-
-
-def _analysis(value: Any) -> str | None:
-    if value is not None and value not in ANALYSES:
-        raise FieldError([("analysis", f"one of {', '.join(ANALYSES)}, or leave it out")])
-    return value
-
-
-def _bases(value: Any, seed_fields: Any) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise FieldError([("bases", "give a positive number of bases")])
-    if not seed_fields:
-        raise FieldError([("bases", 'needs seed_fields, e.g. ["warm_start.seed"]')])
-    return value
-
-
-def _seed_fields(value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise FieldError([("seed_fields", 'give a list of config paths, e.g. ["warm_start.seed"]')])
-    if "run.seed" in value:
-        raise FieldError([("seed_fields", "run.seed is always the seed; list other fields")])
-    return list(value)
-
-
-def load_definition(ref: str) -> StudyDefinition:
-    """A path to STUDY.json, or a built-in name (``BUILTIN_STUDIES``)."""
-    if ref in BUILTIN_STUDIES:
-        text = resources.files("trainer.studies").joinpath(f"{ref}.json").read_text()
-    else:
-        path = Path(ref)
-        if not path.exists():
-            raise FieldError([("definition", f"no such file or built-in study: {ref}")])
-        text = path.read_text()
-    try:
-        return StudyDefinition.from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise FieldError([("definition", f"not valid JSON: {exc}")]) from None
-
-
-# ------------------------------------------------------------------------- running
-def _run_one(args: tuple[dict, str]) -> str:
-    from trainer.runner import train
-
-    cfg_dict, run_dir = args
-    train(validate_config(cfg_dict), Path(run_dir), log=lambda *_: None)
-    return run_dir
-
-
-def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = []
-    # Seed-major: every cell gets its first seed before any gets its second, so a study
-    # stopped early (it resumes) still covers every variant evenly.
-    for seed in study.seeds:
-        for variant in study.variants:
-            run_dir = out / variant.name / f"seed{seed}"
-            if not run_succeeded(run_dir):
-                cfg = study.config_for(variant, seed, [*extra, "run.threads=1"])
-                jobs.append((cfg.to_dict(), str(run_dir)))
-    t0 = time.perf_counter()
-    total = len(study.variants) * len(study.seeds)
-    print(f"study {study.name}: {total} runs, {len(jobs)} to do, {study.parallel} at a time")
-    if jobs:
-        # Warm starts are cached per (model, task, warm_start): train each base once, up front,
-        # so parallel runs do not race to train the same one.
-        bases = {}
-        for cfg_dict, _ in jobs:
-            cfg = validate_config(cfg_dict)
-            bases.setdefault(cfg.hash("model", "task", "warm_start"), cfg)
-        _train_bases(list(bases.values()), study.parallel)
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(max(1, study.parallel)) as pool:
-            for i, run_dir in enumerate(pool.imap_unordered(_run_one, jobs), 1):
-                print(f"  [{i}/{len(jobs)}] {run_dir}  ({time.perf_counter() - t0:.0f}s)")
-    results = collect_results(study, out)
-    write_report(study, results, out)
-    if study.analysis == "causal":
-        from trainer.analysis.causal_report import causal_report
-
-        causal_report(study, out)
-        print((out / "causal.md").read_text())
-    return results
-
-
-def _train_bases(configs: list[ExperimentConfig], parallel: int) -> None:
-    """Each distinct base once, ``parallel`` at a time, on the runs' thread count:
-    a CPU base's bits depend on it (trainer.warmstart.warm_start_key), so the
-    runs find exactly the base trained here, the one a platform sweep of the
-    same study trains too."""
-    if len(configs) == 1 or parallel <= 1:
-        for cfg in configs:
-            _train_base(cfg.to_dict())
-        return
-    with mp.get_context("spawn").Pool(min(parallel, len(configs))) as pool:
-        pool.map(_train_base, [cfg.to_dict() for cfg in configs])
-
-
-def _train_base(cfg_dict: dict) -> None:
-    import torch
-
-    from trainer.tasks import make_task
-    from trainer.warmstart import train_base_policy
-
-    cfg = validate_config(cfg_dict)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    task = make_task(cfg.task)
-    vocab = cfg.model.vocab_size or task.tokenizer.vocab_size
-    train_base_policy(cfg, task, vocab, device=_device(cfg), log=lambda *_: None)
-
-
-def _device(cfg: ExperimentConfig):
-    from trainer.runner import resolve_device
-
-    return resolve_device(cfg.run.device)
-
-
-# ------------------------------------------------------------------------- results
 def _mean(values: list[float]) -> float | None:
     values = [v for v in values if v is not None and math.isfinite(v)]
     return statistics.fmean(values) if values else None
@@ -344,8 +99,8 @@ def _times_events(seeds: list[dict]) -> tuple[list[int], list[bool]]:
 def study_statistics(study: StudyDefinition, results: dict[str, Any], out: Path) -> dict[str, Any]:
     """Survival per variant, log-rank vs the reference, CIs, lead-lag, dose-response."""
     from trainer.analysis.intervals import mean_ci
-    from trainer.lead_lag import lead_lag_table
-    from trainer.survival_stats import kaplan_meier, log_rank, median_survival
+    from trainer.analysis.kaplan_meier import kaplan_meier, log_rank, median_survival
+    from trainer.analysis.lead_lag import lead_lag_table
 
     reference = _reference(study)
     ref_t, ref_e = _times_events(results["variants"].get(reference, {}).get("seeds", []))
@@ -555,60 +310,9 @@ def write_report(study: StudyDefinition, results: dict[str, Any], out: Path) -> 
     print()
     print(table)
     try:
-        from trainer.study_figures import write_figures
+        from trainer.studies.figures import write_figures
 
         for path in write_figures(results, out):
             print(f"figure: {path}")
     except ImportError as exc:  # matplotlib missing: the table still stands
         print(f"figures skipped: {exc}")
-
-
-def select(study: StudyDefinition, variants: str | None, seeds: str | None) -> StudyDefinition:
-    """The study restricted to some variants and/or seeds (a slice keeps the same run folders)."""
-    chosen = study.variants
-    if variants:
-        names = [n.strip() for n in variants.split(",") if n.strip()]
-        known = {v.name for v in study.variants}
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise FieldError([("--variants", f"no such variant: {', '.join(unknown)}")])
-        chosen = [v for v in study.variants if v.name in names]
-    seed_list = study.seeds
-    if seeds:
-        try:
-            seed_list = [int(x) for x in seeds.split(",") if x.strip()]
-        except ValueError:
-            raise FieldError([("--seeds", "give comma-separated integers, e.g. 0,1,2")]) from None
-        if not seed_list or min(seed_list) < 0:
-            raise FieldError([("--seeds", "give non-negative integer seeds")])
-    return replace(study, variants=chosen, seeds=seed_list)
-
-
-def check_overrides(study: StudyDefinition, overrides: list[str]) -> None:
-    """``--set`` applies after every variant's own settings, so a path a variant
-    sets would silently make that variant something else (``--set
-    model.n_experts=16`` turns the dense variant, ``model.n_experts=0``, into
-    a MoE): refuse it, naming the variants, and say where it belongs."""
-    paths = {item.split("=", 1)[0].strip() for item in overrides}
-    for path in sorted(paths):
-        owners = [v.name for v in study.variants
-                  if any(o.split("=", 1)[0].strip() == path for o in v.overrides)]  # fmt: skip
-        if owners:
-            message = (
-                f"the variants {', '.join(owners)} set {path} themselves; "
-                "put it in the study's base (a copy of the definition) instead"
-            )
-            raise FieldError([(f"--set {path}", message)])
-
-
-def run_study_cli(
-    ref: str,
-    out: Path,
-    overrides: list[str],
-    variants: str | None = None,
-    seeds: str | None = None,
-) -> int:
-    study = select(load_definition(ref), variants, seeds)
-    check_overrides(study, overrides)
-    run_study(study, out, overrides)
-    return 0

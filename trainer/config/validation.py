@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainer.config import ExperimentConfig
-from trainer.config_migration import TASK_KINDS
+from trainer.config.migration import TASK_KINDS
 from trainer.errors import FieldError
 from trainer.tasks.factory import check_lengths
 

@@ -5,7 +5,7 @@ BEFORE the reward falls; if the step size drives it, the gap grows with or
 after the fall (the policy moves into regions the engines disagree on). The
 definitions, fixed before any run was looked at:
 
-* drop: the collapse step the detector dates (trainer/collapse.py: the first
+* drop: the collapse step the detector dates (trainer/analysis/collapse.py: the first
   step of the fall, corrected for the running median's lag).
 * rise of a signal s (per-step k3, or routing inconsistency): its baseline is
   the median of s over the first ``BASELINE_STEPS = 10`` steps; s rises at the

@@ -1,6 +1,6 @@
 """Warm-start progress: the phase before RL step 0, told to people and to the worker.
 
-The supervised warm start (trainer/warmstart.py) can take minutes, during which
+The supervised warm start (trainer/run/warmstart.py) can take minutes, during which
 metrics.jsonl is empty: it holds one object per RL step and nothing else. So the
 trainer reports this phase separately:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as mk
-from trainer.run_files import PROGRESS_FILE, write_json_atomic
+from trainer.run.files import PROGRESS_FILE, write_json_atomic
 
 
 def eta_seconds(

@@ -107,7 +107,7 @@ def _migrate_task(data: dict[str, Any], notes: list[str]) -> None:
 
 
 # Removed ``run.collapse`` fields: the drop rule's absolute floor is now the noise margin
-# (run.collapse.noise_z, trainer/collapse.py), so a fixed arming level no longer exists.
+# (run.collapse.noise_z, trainer/analysis/collapse.py), so a fixed arming level no longer exists.
 REMOVED_COLLAPSE_FIELDS = {
     "floor": "run.collapse.floor is removed (ignored): the drop rule is armed by the batch "
     "noise margin, run.collapse.noise_z",

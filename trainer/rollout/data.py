@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from trainer.stabilizers.replay import Compression, pack_routing, unpack_routing
+from trainer.rollout.routing_pack import Compression, pack_routing, unpack_routing
 
 if TYPE_CHECKING:
     from trainer.rollout.engine import RolloutBatch

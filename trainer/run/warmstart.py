@@ -27,13 +27,13 @@ import torch
 from trainer.algorithms.balance import switch_aux_loss
 from trainer.algorithms.losses import gather_logprobs
 from trainer.config import ExperimentConfig
-from trainer.data import collate_sft
-from trainer.evaluation import greedy_accuracy
 from trainer.hf.loader import build_model
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
+from trainer.run.batches import collate_sft
+from trainer.run.evaluation import greedy_accuracy
+from trainer.run.warmstart_progress import WarmStartReporter
 from trainer.tasks import Task
-from trainer.warmstart_progress import WarmStartReporter
 
 CACHE_ENV = "MOE_LAB_CACHE"
 

@@ -1,7 +1,7 @@
 """Named presets: partial configs layered over the schema defaults.
 
 A preset is data, never a code path: ``resolve_preset(name)`` returns a plain
-dict that ``trainer.validation.validate_config`` accepts, and ``--set`` overrides
+dict that ``trainer.config.validation.validate_config`` accepts, and ``--set`` overrides
 go on top of it. Tiny presets run on a 2-core CPU; ``gpu-*`` presets are the
 seeds' GPU scale (12-layer dense, MoE-16, MoE-32).
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.config import ExperimentConfig, deep_merge
+from trainer.config.validation import validate_config
 from trainer.errors import FieldError
-from trainer.validation import validate_config
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,9 @@
-"""Measurement forward, advantages and the off-policy policy update.
+"""Advantages and the off-policy policy update (stages 4 and 5 of the RL step).
 
-``measure_batch`` runs ONE training forward over the rollout tokens before any
-update: it yields the old log-probs the clipped objective needs, and the
-training-inference mismatch the study is about (the rollout engine's log-probs
-and routing against the training engine's). ``PolicyUpdater.update`` then
-takes several minibatch steps (x epochs) on the same batch, which is the
-off-policy setting in which MoE instability shows.
+After the measurement forward (``trainer.run.measure_step.measure_batch``) has
+given the old log-probs, ``PolicyUpdater.update`` takes several minibatch steps
+(x epochs) on the same batch, which is the off-policy setting in which MoE
+instability shows.
 
 The stabilizers (routing replay, balance losses, surgery, per-expert clipping,
 controllers) live in ``trainer.stabilizers.loop.Stabilizers``; this module only
@@ -38,132 +36,16 @@ from trainer.algorithms.losses import (
     value_loss,
 )
 from trainer.config import ExperimentConfig
+from trainer.devices.precision import MasterWeights
 from trainer.distributed import (
     SINGLE,
     DistContext,
-    average_gradients,
-    global_grad_norm,
     shard_model,
     shard_model_experts,
-    sharded_grad_norm,
 )
-from trainer.measure import estimator_stats, expert_stats, mismatch_stats, routing_mismatch
 from trainer.model import TransformerLM
-from trainer.precision import MasterWeights
-from trainer.rollout_data import RolloutData
+from trainer.rollout.data import RolloutData
 from trainer.stabilizers.loop import Stabilizers, is_expert_param, is_router_param
-
-
-@torch.no_grad()
-def measure_batch(
-    cfg: ExperimentConfig,
-    policy: TransformerLM,
-    updater: PolicyUpdater,
-    data: RolloutData,
-) -> dict[str, Any]:
-    """Old log-probs, reference log-probs, values and the mismatch metrics.
-
-    Call ``updater.stabilizers.begin_step`` first (it draws the step's R3 mask).
-    Eval mode: no noisy gating here, the old policy is the deterministic router.
-    """
-    policy.eval()
-    is_moe = cfg.model.is_moe
-    stabilizers = updater.stabilizers
-    dist = updater.dist
-    override, override_mask = stabilizers.routing_for_measure(data)
-    out = policy(
-        data.tokens,
-        attention_mask=data.attention_mask,
-        routing_override=override,
-        override_mask=override_mask,
-        return_routing=is_moe,
-    )
-    # The engine's log-probs are of its sampling distribution (logits / T): compare like with like.
-    data.old_logp = gather_logprobs(out.logits / cfg.rollout.temperature, data.tokens)
-    data.old_values = out.values
-    metrics: dict[str, Any] = _global_mismatch(
-        mismatch_stats(data.old_logp, data.rollout_logp, data.response_mask),
-        data.response_mask,
-        dist,
-    )
-    estimator, largest = estimator_stats(
-        data.old_logp,
-        data.rollout_logp,
-        data.response_mask,
-        sum_ranks=dist.sum if dist.enabled else None,
-    )
-    metrics.update(estimator)
-    metrics.update(dist.maxima({K.IS_SEQ_LOG_RATIO_MAX: largest}))
-
-    if is_moe and out.routing is not None:
-        data.old_routing = [r.natural_indices for r in out.routing]
-        stabilizers.observe(out.routing, data.attention_mask)
-        seen = data.attention_mask
-        if data.rollout_routing is not None:
-            seen = seen & data.routing_mask
-            # Natural choice of the training router vs the engine: the gap itself,
-            # measured even when replay hides it from training.
-            natural = _global_routing_mismatch(
-                routing_mismatch(data.old_routing, data.rollout_routing, seen), seen, dist
-            )
-            metrics.update(natural)
-            # Without replay the layers used their natural choice: the same number, not recomputed.
-            effective = natural
-            if override is not None:
-                effective = _global_routing_mismatch(
-                    routing_mismatch(
-                        [r.used_indices for r in out.routing], data.rollout_routing, seen
-                    ),
-                    seen,
-                    dist,
-                )
-            metrics[K.MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY] = effective[
-                K.MISMATCH_ROUTING_INCONSISTENCY
-            ]
-        metrics.update(
-            expert_stats(
-                out.routing,
-                data.attention_mask,
-                cfg.model.n_experts,
-                sum_ranks=dist.sum if dist.enabled else None,
-            )
-        )
-        metrics[K.ROUTER_TEMPERATURE] = float(policy.moe_layers[0].router.temperature)
-        if data.routing_bytes_per_token_layer is not None:
-            metrics[K.R3_BYTES_PER_TOKEN_LAYER] = float(data.routing_bytes_per_token_layer)
-
-    if updater.reference is not None:
-        ref_out = updater.reference(
-            data.tokens,
-            attention_mask=data.attention_mask,
-            routing_override=override,
-            override_mask=override_mask,
-        )
-        data.ref_logp = gather_logprobs(ref_out.logits / cfg.rollout.temperature, data.tokens)
-    return metrics
-
-
-def _global_mismatch(local: dict[str, float], mask: torch.Tensor, dist: DistContext):
-    """``mismatch_stats`` over every rank's tokens: token means weighted by token
-    counts, the per-sequence maximum as a maximum."""
-    if not dist.enabled:
-        return dict(local)
-    n_tok = float(mask.sum())
-    out = dist.weighted_means(
-        {key: (value, n_tok) for key, value in local.items() if key != K.MISMATCH_KL_K3_MAX}
-    )
-    out.update(dist.maxima({K.MISMATCH_KL_K3_MAX: local[K.MISMATCH_KL_K3_MAX]}))
-    return out
-
-
-def _global_routing_mismatch(local: dict[str, float], seen: torch.Tensor, dist: DistContext):
-    """``routing_mismatch`` over every rank's tokens (SDI: over every rank's sequences)."""
-    if not dist.enabled:
-        return local
-    n_tok, n_seq = float(seen.sum()), float(seen.any(dim=-1).sum())
-    return dist.weighted_means(
-        {key: (value, n_seq if key == K.MISMATCH_SDI else n_tok) for key, value in local.items()}
-    )
 
 
 class PolicyUpdater:
@@ -437,26 +319,16 @@ class PolicyUpdater:
         self.optimizer.zero_grad(set_to_none=True)
         self.masters.zero_model_grads()
         stats.update(stabilizers.backward(loss, routing_loss))
-        if dist.ep and not dist.fsdp:  # FSDP's reduce-scatter averages them itself
-            average_gradients(self.policy.named_parameters(), dist, is_expert_param)
+        dist.sync_expert_grads(self.policy.named_parameters(), is_expert_param)
         stabilizers.clip_experts()  # each expert on its own, before the global clip
         self.masters.grads_to_masters()  # the global norm and the step in fp32
         # In the model's parameter order (the norm's summation order), masters for bf16.
         stepped = (self.masters.optimizer_param(p) for p in self.policy.parameters())
         params = [p for p in stepped if p.grad is not None]
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-        if dist.ep:  # the norm over every expert shard, as clip_grad_norm_ scales
-            if dist.fsdp:
-                grad_norm = sharded_grad_norm(params, dist)
-            else:
-                grad_norm = global_grad_norm(self.policy.named_parameters(), dist, is_expert_param)
-            scale_by = float((max_norm / (grad_norm + 1e-6)).clamp(max=1.0))
-            for p in params:
-                p.grad.mul_(scale_by)
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = dist.clip_grad_norm_(
+            params, max_norm, self.policy.named_parameters(), is_expert_param
+        )
         total_loss = loss + routing_loss.detach()
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
         # Every rank takes the same decision, or the replicas would drift apart.

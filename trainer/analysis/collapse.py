@@ -465,7 +465,7 @@ def summarize_collapses(events: Iterable[tuple[int, bool]]) -> CollapseSummary:
 
 
 def rejudge_collapse(cfg: ExperimentConfig, summary: dict, rows: list[dict]) -> dict:
-    """The run's collapse judged by the CURRENT rule from its metrics (trainer/collapse.py).
+    """The run's collapse judged by the CURRENT rule from its metrics (trainer/analysis/collapse.py).
 
     A study outlives detector revisions: every run is judged alike, whatever
     version wrote its summary. A non-finite collapse (not in the metrics) is

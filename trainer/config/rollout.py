@@ -1,0 +1,43 @@
+"""``rollout``: the inference engine: sampling, precision, router noise, prompts per step."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trainer.config.section import Section
+
+
+class RolloutConfig(Section):
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
+        "bf16",
+        description="Rollout engine precision. On CPU bf16/fp16 are emulated by rounding "
+        "weights and activations around fp32 matmuls (as GPU GEMMs with fp32 accumulation). "
+        "fp8: e4m3 weights and GEMM inputs with per-tensor scales, bf16 elsewhere (always "
+        "emulated; trainer/rollout/numerics.py).",
+    )
+    prompts_per_step: int = Field(
+        16, ge=1, le=65536, description="Prompts per RL step (before the batch-size ramp)."
+    )
+    group_size: int = Field(
+        8, ge=1, le=1024, description="Responses sampled per prompt (the GRPO group)."
+    )
+    max_new_tokens: int = Field(16, ge=1, le=8192, description="Longest sampled response.")
+    temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass; 1 = off.")
+    kv_cache: bool = Field(True, description="Decode with a KV cache (off = full recompute).")
+    router_noise: float = Field(
+        0.0,
+        ge=0.0,
+        le=10.0,
+        description="Routing-only training-inference gap: standard deviation (logit units) "
+        "of a perturbation of the rollout engine's router selection scores before top-k; "
+        "gates and every other path are unchanged (trainer/rollout/router_noise.py). "
+        "0 = off. MoE only.",
+    )
+    router_noise_kind: Literal["fixed", "fresh"] = Field(
+        "fixed",
+        description="fixed: a fixed function of the router input (one random projection "
+        "per layer, as a deterministic kernel difference); fresh: new noise at every call.",
+    )

@@ -1,0 +1,348 @@
+"""The rollout engine's forward: prefill and cached decode over its own weights.
+
+The same formulas as the training model (``trainer.model.layers``: positions,
+rotary angles, the attention mask; ``trainer.model.dispatch``: the grouped
+expert matmul), computed with the engine's numerics and a preallocated static
+KV cache, so the numbers differ the way an inference engine's do. Mixed into
+``RolloutEngine``, which sets the attributes used here in ``__init__`` and
+``load_weights``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainer.model.dispatch import Dispatch, expert_counts, expert_matmul, resolve_backend
+from trainer.model.expert_parallel import run_on_owners
+from trainer.model.layers import (
+    apply_rotary,
+    attention_bias_mask,
+    dynamic_rope_length,
+    repeat_kv,
+    rms_norm,
+    rope_frequencies,
+    rotary_cos_sin,
+)
+from trainer.rollout.weights import EngineLayer
+
+
+class EngineForward:
+    """Prefill (``_forward``) and one-token decode (``_decode``) over ``self.layers``."""
+
+    def _static_cache(self, batch: int, length: int):
+        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls."""
+        shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
+        if (
+            self._cache is None
+            or self._cache[0].shape[:2] != shape[:2]
+            or (self._cache[0].shape[3] < length)
+        ):
+            self._cache = (
+                torch.empty(shape, dtype=self.num.dtype, device=self.device),
+                torch.empty(shape, dtype=self.num.dtype, device=self.device),
+            )
+        return self._cache
+
+    def _rope_table(self, length: int) -> torch.Tensor:
+        """(S, 2, hd) fp32: cos and sign-folded sin for positions 0..S-1, grown on demand.
+
+        cos[p] equals ``rotary_cos_sin`` at position p bit for bit (same
+        elementwise formula). The sin row has its first half negated so that
+        rotate_half(x) * sin == roll(x, hd / 2) * sin_signed exactly (IEEE
+        products are sign-symmetric): one lookup and one roll per decode step
+        instead of recomputing the angles and a neg + cat.
+        """
+        if self._rope is None or self._rope.shape[0] < length:
+            positions = torch.arange(length, device=self.device)[None]
+            cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq, self.rope_scale))
+            half = self.head_dim // 2
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self._rope = torch.stack((cos, sin), dim=1)
+        return self._rope
+
+    def _inv_freq_for(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rotary frequencies for these positions: fixed, except dynamic NTK scaling
+        past its context (recomputed for max position + 1, as transformers)."""
+        seq_len = dynamic_rope_length(positions, self.cfg.rope_scaling)
+        if seq_len is None:
+            return self.inv_freq
+        inv_freq, _ = rope_frequencies(
+            self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
+        )
+        return inv_freq.to(self.device)
+
+    def _decode_angles(self, position: torch.Tensor) -> torch.Tensor:
+        """(B, 2, hd) cos and sign-folded sin for the decode positions (B,): rows of
+        ``_rope_table``, or computed afresh where dynamic NTK scaling grows the base."""
+        if dynamic_rope_length(position, self.cfg.rope_scaling) is None:
+            return self._rope[position]
+        cos, sin = rotary_cos_sin(position[:, None], self._inv_freq_for(position))
+        cos, sin = cos[:, 0, 0], sin[:, 0, 0]  # (B, hd)
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return torch.stack((cos, sin), dim=1)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in fp32. With fp32 storage the fused ``F.rms_norm`` kernel
+        (one op instead of six) computes the same formula as ``rms_norm``."""
+        if x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.norm_eps)
+        return rms_norm(x, weight, self.cfg.norm_eps)
+
+    def _linear_bias(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):
+        """x @ w.T (+ bias), each result stored at the engine's precision."""
+        y = self.num.linear(x, w)
+        return y if bias is None else self.num.round_(y + bias)
+
+    def _qkv(self, h: torch.Tensor, layer: EngineLayer, b: int, t: int):
+        """Stored activations h (B, T, D) -> q (B, T, H, hd), k, v (B, T, Hkv, hd),
+        q and k normed when the layer has q/k norm (before rotary, as in HF)."""
+        q, k, v = self._linear_bias(h, layer.wqkv, layer.qkv_bias).split(self.qkv_split, dim=-1)
+        full = self.cfg.qk_norm == "full"
+        if full:
+            q = self.num.round_(self._norm(q, layer.q_norm))
+            k = self.num.round_(self._norm(k, layer.k_norm))
+        q = q.reshape(b, t, self.n_heads, self.head_dim)
+        k = k.reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = v.reshape(b, t, self.n_kv_heads, self.head_dim)
+        if layer.q_norm is not None and not full:
+            q = self.num.round_(self._norm(q, layer.q_norm))
+            k = self.num.round_(self._norm(k, layer.k_norm))
+        return q, k, v
+
+    def _swiglu(
+        self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+    ) -> torch.Tensor:
+        """Dense SwiGLU as the trainer's (three plain linears, the faster layout)."""
+        gate, up = self.num.linear(x, w_gate), self.num.linear(x, w_up)
+        return self.num.linear(self.num.round_(F.silu(gate).mul_(up)), w_down)
+
+    def _dispatch(self, top: torch.Tensor, n_experts: int) -> Dispatch:
+        """Assignments (N, k) sorted by expert: the same order as
+        ``Dispatch.from_indices`` (a stable sort by expert id keeps the slot
+        order within an expert) in fewer ops."""
+        flat = top.view(-1)
+        n = flat.numel()
+        if self._slots is None or self._slots.numel() < n:
+            self._slots = torch.arange(n, device=flat.device)
+        slots = self._slots[:n]
+        order = torch.argsort(flat, stable=True)
+        # Counts by search in the sorted ids: bincount syncs on CUDA.
+        counts, offsets = expert_counts(flat.index_select(0, order), n_experts)
+        return Dispatch(
+            order=order,
+            inverse=torch.empty_like(order).scatter_(0, order, slots),
+            token=order.div(top.shape[-1], rounding_mode="floor"),
+            counts=counts,
+            offsets=offsets,
+        )
+
+    def _moe(self, x: torch.Tensor, layer: EngineLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (N, D) stored activations -> (y (N, D), natural top-k (N, k))."""
+        num = self.num
+        # Router input is the stored (half) activation; logits come out of a
+        # half GEMM, then temperature and softmax in fp32.
+        logits = num.linear(x, layer.router, fp8=False).float()
+        if layer.has_temperature:
+            logits = logits / layer.router_temperature
+        probs = logits.softmax(dim=-1)
+        scores = logits + layer.selection_bias if layer.has_selection_bias else logits
+        if self.router_noise is not None:
+            # Only the choice moves; the gates below read the unperturbed probs.
+            scores = self.router_noise.perturb(scores, x, layer.moe_index)
+        top = scores.topk(self.cfg.top_k, dim=-1).indices
+        picked = probs.gather(-1, top)
+        gates = picked / picked.sum(-1, keepdim=True) if self.cfg.norm_topk_prob else picked
+
+        shard = self.expert_shard
+        dispatch = self._dispatch(top, shard.n_experts if shard else layer.experts_gate_up.shape[0])
+        backend = resolve_backend(self.moe_backend, x)
+        xs = num.gemm_input(x.index_select(0, dispatch.token))
+
+        def experts(rows: torch.Tensor, groups: Dispatch) -> torch.Tensor:
+            gate, up = num.round_(
+                expert_matmul(rows, layer.experts_gate_up, groups, backend)
+            ).chunk(2, dim=-1)
+            hidden = num.gemm_input(num.round_(F.silu(gate).mul_(up)))
+            return num.round_(expert_matmul(hidden, layer.experts_down, groups, backend))
+
+        ys = (
+            experts(xs, dispatch)
+            if shard is None
+            else run_on_owners(xs, dispatch.counts, shard, experts)
+        )
+        n, k = top.shape
+        per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
+        # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
+        # the same bits as the training layer's (1, k) @ (k, D) bmm (no fused
+        # multiply-add there either) at a third of the cost for small batches;
+        # half-precision storage keeps the bmm and its fp32 accumulation.
+        if ys.dtype == torch.float32:
+            y = (gates[:, :, None] * per_token).sum(1)
+        else:
+            y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
+        if layer.shared_gate is not None:
+            shared = self._swiglu(x, layer.shared_gate, layer.shared_up, layer.shared_down)
+            if layer.shared_expert_gate is not None:
+                shared = num.round_(
+                    torch.sigmoid(num.linear(x, layer.shared_expert_gate, fp8=False)) * shared
+                )
+            y = y + shared
+        return num.round_(y), top
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_valid: torch.Tensor,
+        cache_start: int | None,
+        routing_out: torch.Tensor | None,
+        all_positions: bool = False,
+    ) -> torch.Tensor:
+        """One forward over new tokens (B, T) at ``positions`` (B, T): the
+        prefill, ``score`` and the full-recompute benchmark path.
+
+        key_valid: (B, S) real-token mask of all keys up to and including the
+        new tokens. With ``cache_start`` the new keys/values are written to the
+        static cache at columns [cache_start, cache_start + T) and attention
+        reads columns [0, cache_start + T); without it, T == S (full recompute).
+        routing_out: (L_moe, B, T, k) buffer for the natural top-k, or None.
+        Returns fp32 logits of the last position (B, V), or of every position
+        (B, T, V) with ``all_positions``.
+        """
+        num = self.num
+        b, t = tokens.shape
+        d = self.cfg.d_model
+        x = self.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
+        rope = None
+        if self.pos_emb is not None:
+            x = num.round_(x + self.pos_emb[positions])
+        else:
+            rope = rotary_cos_sin(positions, self._inv_freq_for(positions), self.rope_scale)
+        mask4d = attention_bias_mask(key_valid, t)
+        window = self.cfg.sliding_window
+        slide4d = attention_bias_mask(key_valid, t, window) if window is not None else None
+        cache = self._cache if cache_start is not None else None
+        moe_i = 0
+        for i, layer in enumerate(self.layers):
+            h = num.round_(self._norm(x, layer.attn_norm))
+            q, k, v = (z.transpose(1, 2) for z in self._qkv(h, layer, b, t))
+            if rope is not None:
+                q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
+            if cache is not None:
+                end = cache_start + t
+                cache[0][i, :, :, cache_start:end] = k
+                cache[1][i, :, :, cache_start:end] = v
+                k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+            k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
+            y = num.round_(
+                _attention(q, k, v, slide4d if self.cfg.uses_sliding_window(i) else mask4d)
+            )
+            y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+            x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
+
+            h = num.round_(self._norm(x, layer.ffn_norm))
+            if layer.is_moe:
+                y, top = self._moe(h.view(b * t, d), layer)
+                y = y.view(b, t, d)
+                if routing_out is not None:
+                    routing_out[moe_i] = top.view(b, t, -1)
+                moe_i += 1
+            else:
+                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+            x = num.round_(x + y)
+        h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
+        return num.linear(h, self.lm_head, fp8=False).float()
+
+    def _decode(
+        self,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        col: int,
+        key_bias: torch.Tensor,
+        routing_out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One cached decode step: the same math as ``_forward`` with T == 1,
+        written for the fewest ops (decode is bound by per-op overhead).
+
+        token, position: (B,) the token fed at cache column ``col`` and its
+        position id. key_bias: (B, 1, 1, col + 1) fp32 additive mask, 0 where
+        the query may attend and -inf elsewhere (adding 0 or -inf gives
+        exactly what ``masked_fill`` gives). routing_out: (L_moe, B, k) view
+        for the natural top-k, or None. Returns fp32 logits (B, V).
+        """
+        num = self.num
+        b = token.shape[0]
+        n_heads, n_kv, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        groups = n_heads // n_kv
+        x = self.tok_emb[token]  # (B, D), rows of a stored table
+        cos = sin = None
+        if self.pos_emb is not None:
+            x = num.round_(x + self.pos_emb[position])
+        else:
+            angles = self._decode_angles(position)  # (B, 2, hd)
+            cos = angles[:, 0].view(b, 1, 1, head_dim)
+            sin = angles[:, 1].view(b, 1, 1, head_dim)
+        keys, values = self._cache
+        end = col + 1
+        slide_bias = None
+        if self.cfg.sliding_window is not None:
+            # transformers' sliding window: a query at column q sees columns > q - window
+            slide_bias = key_bias.clone()
+            slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
+        scale = head_dim**-0.5
+        moe_i = 0
+        for i, layer in enumerate(self.layers):
+            h = num.round_(self._norm(x, layer.attn_norm))
+            if self.joint_qk:
+                qkv = self._linear_bias(h, layer.wqkv, layer.qkv_bias).view(b, 3, n_heads, head_dim)
+                qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
+                if cos is not None:
+                    qk = num.round_(_rotate(qk, cos, sin, head_dim))
+                q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+            else:
+                q, k, v = (z[:, 0] for z in self._qkv(h[:, None], layer, b, 1))
+                if cos is not None:
+                    q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], head_dim))
+                    k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], head_dim))
+            keys[i, :, :, col] = k
+            values[i, :, :, col] = v
+            # Single-query attention by hand: for one query SDPA's blocked CPU
+            # kernel costs more than these few small ops. Grouped-query: the g
+            # query heads of key head j are rows of one (g, hd) @ (hd, S) product.
+            q = q.reshape(b, n_kv, groups, head_dim)
+            scores = (q @ keys[i, :, :, :end].transpose(-1, -2)) * scale  # (B, Hkv, g, S)
+            bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
+            weights = (scores.float() + bias).softmax(-1)
+            y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, Hkv, g, hd)
+            y = y.view(b, n_heads * head_dim)
+            x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
+
+            h = num.round_(self._norm(x, layer.ffn_norm))
+            if layer.is_moe:
+                y, top = self._moe(h, layer)
+                if routing_out is not None:
+                    routing_out[moe_i] = top
+                moe_i += 1
+            else:
+                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+            x = num.round_(x + y)
+        h = num.round_(self._norm(x, self.norm_f))
+        return num.linear(h, self.lm_head, fp8=False).float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int):
+    """Rotary on (..., hd) with the sign-folded sin table (``_rope_table``), in fp32."""
+    xf = x.float()
+    return (xf * cos + xf.roll(head_dim // 2, dims=-1) * sin).to(x.dtype)
+
+
+def _attention(q, k, v, mask4d):
+    """Softmax attention. One query per row (decode) is done by hand: for a
+    single query SDPA's blocked CPU kernel costs more than three small ops."""
+    if q.shape[2] > 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    weights = scores.float().masked_fill(~mask4d, float("-inf")).softmax(-1)
+    return weights.to(v.dtype) @ v

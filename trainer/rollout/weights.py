@@ -1,0 +1,142 @@
+"""The rollout engine's weights: its own layout of the training model's ``state_dict()``.
+
+Each RL step the engine takes the training weights, rounds them once to its
+precision (``trainer.rollout.numerics``) and re-lays them out: attention's
+q, k, v in one matrix, the experts' gate and up projections fused on the last
+dim for one grouped matmul. ``EngineLayer`` holds one block; ``EngineWeights``
+is the engine's loading half (mixed into ``RolloutEngine``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EngineLayer:
+    """One transformer block in the engine's layout and precision (shapes per field)."""
+
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # ((H + 2 Hkv) hd, D): queries, keys, values
+    wo: torch.Tensor  # (D, H hd)
+    ffn_norm: torch.Tensor
+    # Hugging Face attention features (docs/models.md); None when absent
+    qkv_bias: torch.Tensor | None = None  # ((H + 2 Hkv) hd,)
+    wo_bias: torch.Tensor | None = None  # (D,)
+    q_norm: torch.Tensor | None = None  # (hd,) or (H hd,) per cfg.qk_norm
+    k_norm: torch.Tensor | None = None  # (hd,) or (Hkv hd,)
+    # dense FFN
+    w_gate: torch.Tensor | None = None  # (H, D)
+    w_up: torch.Tensor | None = None  # (H, D)
+    w_down: torch.Tensor | None = None  # (D, H)
+    # MoE
+    router: torch.Tensor | None = None  # (E, D)
+    selection_bias: torch.Tensor | None = None  # (E,) fp32
+    router_temperature: float = 1.0
+    experts_gate_up: torch.Tensor | None = None  # (E, D, 2H) fused for one grouped matmul
+    experts_down: torch.Tensor | None = None  # (E, H, D)
+    shared_gate: torch.Tensor | None = None
+    shared_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_expert_gate: torch.Tensor | None = None  # (1, D): sigmoid gate of the shared expert
+    # Precomputed at load so the per-token router skips exact no-ops
+    # (x / 1.0 and x + 0.0 change no value and no top-k order).
+    has_temperature: bool = False
+    has_selection_bias: bool = False
+    moe_index: int = -1  # position among the MoE layers (router noise, routing buffers)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.router is not None
+
+
+class EngineWeights:
+    """``load_weights`` and its helpers; the engine sets ``cfg``, ``num``, ``device``
+    and ``layers`` (``trainer.rollout.engine.RolloutEngine.__init__``)."""
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take the training model's ``state_dict()``: round once to this
+        engine's precision and re-lay out (fuse the experts' gate|up)."""
+        w, g = self.num.weight, self.num.gemm_weight  # g: projection GEMMs (e4m3 under fp8)
+        sd = state_dict
+        self.tok_emb = w(sd["tok_emb.weight"])
+        self.pos_emb = w(sd["pos_emb.weight"]) if self.cfg.positional == "learned" else None
+        self.norm_f = w(sd["norm_f.weight"])
+        head = sd["tok_emb.weight"] if self.cfg.tie_embeddings else sd["lm_head.weight"]
+        self.lm_head = w(head)
+        previous, self.layers = self.layers, []
+        for i in range(self.cfg.n_layers):
+            p = f"blocks.{i}."
+            layer = EngineLayer(
+                attn_norm=w(sd[p + "attn_norm.weight"]),
+                wqkv=g(sd[p + "attn.qkv.weight"]),
+                wo=g(sd[p + "attn.proj.weight"]),
+                ffn_norm=w(sd[p + "ffn_norm.weight"]),
+            )
+            self._load_attention_extras(layer, sd, p)
+            if p + "ffn.router.weight" in sd:
+                layer.moe_index = sum(prev.is_moe for prev in self.layers)
+                layer.router = w(sd[p + "ffn.router.weight"])
+                layer.selection_bias = sd[p + "ffn.router.selection_bias"].to(
+                    self.device, torch.float32
+                )
+                layer.router_temperature = float(sd[p + "ffn.router.temperature"])
+                layer.has_temperature = layer.router_temperature != 1.0
+                layer.has_selection_bias = bool(layer.selection_bias.any())
+                gate, up = sd[p + "ffn.experts.w_gate"], sd[p + "ffn.experts.w_up"]
+                if self.num.fp8:
+                    # One fp8 scale per expert for gate and for up (two checkpoint tensors),
+                    # then fused.
+                    layer.experts_gate_up = torch.cat((g(gate), g(up)), dim=2)
+                else:
+                    layer.experts_gate_up = self._fused_gate_up(
+                        previous[i].experts_gate_up if i < len(previous) else None, gate, up
+                    )
+                layer.experts_down = g(sd[p + "ffn.experts.w_down"])
+                if p + "ffn.shared.w_gate.weight" in sd:
+                    layer.shared_gate = g(sd[p + "ffn.shared.w_gate.weight"])
+                    layer.shared_up = g(sd[p + "ffn.shared.w_up.weight"])
+                    layer.shared_down = g(sd[p + "ffn.shared.w_down.weight"])
+                if p + "ffn.shared_gate.weight" in sd:
+                    layer.shared_expert_gate = w(sd[p + "ffn.shared_gate.weight"])
+            else:
+                layer.w_gate = g(sd[p + "ffn.w_gate.weight"])
+                layer.w_up = g(sd[p + "ffn.w_up.weight"])
+                layer.w_down = g(sd[p + "ffn.w_down.weight"])
+            self.layers.append(layer)
+        self.loaded = True
+
+    def _fused_gate_up(
+        self, buffer: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts' gate|up weights fused on the last dim, ``(E, D, 2H)``, in the
+        engine's storage. The previous sync's buffer is refilled in place when it
+        fits: no new (E, D, 2H) allocation and no fp32 temporary per step, only
+        the copy (and rounding) the precision needs. The bits equal
+        ``weight(cat(gate, up))``: emulated half rounds through a half-size
+        temporary exactly as ``Numerics.round`` does."""
+        e, d, h = gate.shape
+        num = self.num
+        if buffer is None or buffer.shape != (e, d, 2 * h) or buffer.dtype != num.dtype:
+            buffer = torch.empty(e, d, 2 * h, dtype=num.dtype, device=self.device)
+        for half, src in ((buffer[..., :h], gate), (buffer[..., h:], up)):
+            src = src.detach()
+            half.copy_(src.to(num.half) if num.emulated else src)
+        return buffer
+
+    def _load_attention_extras(
+        self, layer: EngineLayer, sd: dict[str, torch.Tensor], p: str
+    ) -> None:
+        """Biases and q/k norms of the Hugging Face families (absent in the builtin model)."""
+        w = self.num.weight
+        get = sd.get
+        if get(p + "attn.qkv.bias") is not None:
+            layer.qkv_bias = w(sd[p + "attn.qkv.bias"])
+        if get(p + "attn.proj.bias") is not None:
+            layer.wo_bias = w(sd[p + "attn.proj.bias"])
+        if get(p + "attn.q_norm.weight") is not None:
+            layer.q_norm = w(sd[p + "attn.q_norm.weight"])
+            layer.k_norm = w(sd[p + "attn.k_norm.weight"])

@@ -1,0 +1,110 @@
+"""Running a study: every (variant, seed) run into OUT/<variant>/seed<k>/, then its report.
+
+A finished run is not run again, so an interrupted study continues where it
+stopped. The distinct warm-start bases are trained first, then the runs, the
+definition's ``parallel`` at a time. Definitions: ``trainer.studies.definition``; tables,
+statistics and the report: ``trainer.studies.results``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.config import ExperimentConfig
+from trainer.config.validation import validate_config
+from trainer.run.files import run_succeeded
+from trainer.studies.definition import StudyDefinition, check_overrides, load_definition, select
+from trainer.studies.results import collect_results, write_report
+
+
+def _run_one(args: tuple[dict, str]) -> str:
+    from trainer.run.runner import train
+
+    cfg_dict, run_dir = args
+    train(validate_config(cfg_dict), Path(run_dir), log=lambda *_: None)
+    return run_dir
+
+
+def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    # Seed-major: every cell gets its first seed before any gets its second, so a study
+    # stopped early (it resumes) still covers every variant evenly.
+    for seed in study.seeds:
+        for variant in study.variants:
+            run_dir = out / variant.name / f"seed{seed}"
+            if not run_succeeded(run_dir):
+                cfg = study.config_for(variant, seed, [*extra, "run.threads=1"])
+                jobs.append((cfg.to_dict(), str(run_dir)))
+    t0 = time.perf_counter()
+    total = len(study.variants) * len(study.seeds)
+    print(f"study {study.name}: {total} runs, {len(jobs)} to do, {study.parallel} at a time")
+    if jobs:
+        # Warm starts are cached per (model, task, warm_start): train each base once, up front,
+        # so parallel runs do not race to train the same one.
+        bases = {}
+        for cfg_dict, _ in jobs:
+            cfg = validate_config(cfg_dict)
+            bases.setdefault(cfg.hash("model", "task", "warm_start"), cfg)
+        _train_bases(list(bases.values()), study.parallel)
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(max(1, study.parallel)) as pool:
+            for i, run_dir in enumerate(pool.imap_unordered(_run_one, jobs), 1):
+                print(f"  [{i}/{len(jobs)}] {run_dir}  ({time.perf_counter() - t0:.0f}s)")
+    results = collect_results(study, out)
+    write_report(study, results, out)
+    if study.analysis == "causal":
+        from trainer.analysis.causal_report import causal_report
+
+        causal_report(study, out)
+        print((out / "causal.md").read_text())
+    return results
+
+
+def _train_bases(configs: list[ExperimentConfig], parallel: int) -> None:
+    """Each distinct base once, ``parallel`` at a time, on the runs' thread count:
+    a CPU base's bits depend on it (trainer.run.warmstart.warm_start_key), so the
+    runs find exactly the base trained here, the one a platform sweep of the
+    same study trains too."""
+    if len(configs) == 1 or parallel <= 1:
+        for cfg in configs:
+            _train_base(cfg.to_dict())
+        return
+    with mp.get_context("spawn").Pool(min(parallel, len(configs))) as pool:
+        pool.map(_train_base, [cfg.to_dict() for cfg in configs])
+
+
+def _train_base(cfg_dict: dict) -> None:
+    import torch
+
+    from trainer.run.warmstart import train_base_policy
+    from trainer.tasks import make_task
+
+    cfg = validate_config(cfg_dict)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    task = make_task(cfg.task)
+    vocab = cfg.model.vocab_size or task.tokenizer.vocab_size
+    train_base_policy(cfg, task, vocab, device=_device(cfg), log=lambda *_: None)
+
+
+def _device(cfg: ExperimentConfig):
+    from trainer.run.context import resolve_device
+
+    return resolve_device(cfg.run.device)
+
+
+def run_study_cli(
+    ref: str,
+    out: Path,
+    overrides: list[str],
+    variants: str | None = None,
+    seeds: str | None = None,
+) -> int:
+    study = select(load_definition(ref), variants, seeds)
+    check_overrides(study, overrides)
+    run_study(study, out, overrides)
+    return 0
