@@ -19,6 +19,7 @@ import torch
 
 from trainer.analysis.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
+from trainer.devices.packing import apply_memory_share
 from trainer.devices.precision import cast_parameters
 from trainer.devices.run_mode import phase_clock
 from trainer.distributed import (
@@ -174,6 +175,7 @@ def build_context(
     ``interrupt`` is checked at every warm-start step (see ``Invocation.interrupt``).
     Every rank builds the same policy (same seed; the warm-start cache is shared)."""
     device = rank_device(resolve_device(cfg.run.device), dist)
+    apply_memory_share(device)  # a packed slot's share of its GPU (trainer.devices.packing)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task = make_task(cfg.task)

@@ -41,6 +41,7 @@ import torch
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
+from trainer.devices.packing import memory_share
 from trainer.devices.run_mode import device_record, numerics_mode, phase_clock
 from trainer.distributed import (
     SINGLE,
@@ -415,7 +416,11 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
         "total_steps": cfg.run.steps,
         "wall_time_s": round(wall, 3),
         # Device, capability, numerics mode and MoE backends the run used (docs/gpu.md).
-        "device": device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
+        "device": {
+            **device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
+            # a packed slot's share of its GPU's memory (None: the whole device)
+            "memory_share": memory_share() if device.type == "cuda" else None,
+        },
     }
 
 

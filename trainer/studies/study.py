@@ -9,12 +9,19 @@ statistics and the report: ``trainer.studies.results``.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from trainer.config import ExperimentConfig
 from trainer.config.validation import validate_config
+from trainer.devices.packing import (
+    apply_memory_share,
+    claim_slot,
+    parse_visible_devices,
+    plan_slots,
+)
 from trainer.run.files import run_succeeded
 from trainer.studies.definition import StudyDefinition, check_overrides, load_definition, select
 from trainer.studies.results import collect_results, write_report
@@ -49,9 +56,9 @@ def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[
         for cfg_dict, _ in jobs:
             cfg = validate_config(cfg_dict)
             bases.setdefault(cfg.hash("model", "task", "warm_start"), cfg)
+        first = next(iter(bases.values()))
         _train_bases(list(bases.values()), study.parallel)
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(max(1, study.parallel)) as pool:
+        with _slot_pool(max(1, study.parallel), first) as pool:
             for i, run_dir in enumerate(pool.imap_unordered(_run_one, jobs), 1):
                 print(f"  [{i}/{len(jobs)}] {run_dir}  ({time.perf_counter() - t0:.0f}s)")
     results = collect_results(study, out)
@@ -73,8 +80,34 @@ def _train_bases(configs: list[ExperimentConfig], parallel: int) -> None:
         for cfg in configs:
             _train_base(cfg.to_dict())
         return
-    with mp.get_context("spawn").Pool(min(parallel, len(configs))) as pool:
+    with _slot_pool(min(parallel, len(configs)), configs[0]) as pool:
         pool.map(_train_base, [cfg.to_dict() for cfg in configs])
+
+
+def _slot_pool(processes: int, cfg: ExperimentConfig):
+    """A pool of ``processes`` spawned processes, each holding one slot for its life
+    (trainer.devices.packing): on a GPU host, round-robin over the visible GPUs with
+    each GPU's memory split among its processes; on the CPU, plain processes."""
+    ctx = mp.get_context("spawn")
+    devices = _study_gpus(cfg)
+    slots = ctx.Queue()
+    for slot in plan_slots(processes, len(devices), devices or None):
+        slots.put(slot)
+    return ctx.Pool(processes, initializer=claim_slot, initargs=(slots,))
+
+
+def _study_gpus(cfg: ExperimentConfig) -> list[str]:
+    """The GPUs the study's runs use: none for run.device=cpu; otherwise this process's
+    visible devices (CUDA_VISIBLE_DEVICES, else 0..count-1)."""
+    if cfg.run.device == "cpu":
+        return []
+    import torch
+
+    count = torch.cuda.device_count()  # no CUDA context is created (NVML / driver count)
+    if count == 0:
+        return []
+    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    return visible[:count] if visible else [str(i) for i in range(count)]
 
 
 def _train_base(cfg_dict: dict) -> None:
@@ -88,7 +121,9 @@ def _train_base(cfg_dict: dict) -> None:
         torch.set_num_threads(cfg.run.threads)
     task = make_task(cfg.task)
     vocab = cfg.model.vocab_size or task.tokenizer.vocab_size
-    train_base_policy(cfg, task, vocab, device=_device(cfg), log=lambda *_: None)
+    device = _device(cfg)
+    apply_memory_share(device)
+    train_base_policy(cfg, task, vocab, device=device, log=lambda *_: None)
 
 
 def _device(cfg: ExperimentConfig):
