@@ -72,6 +72,10 @@ _GPU_BASE = {
         "warmup_steps": 20,
         "entropy_coef_start": 0.01,
         "entropy_coef_end": 0.001,
+        # bf16 weights in the forward and backward, fp32 masters and Adam moments
+        # (trainer/devices/precision.py): the sync-free grouped GEMM on CUDA is bf16
+        # (docs/gpu.md, "What runs where"), and bf16 halves the weight traffic.
+        "param_dtype": "bf16",
     },
     "run": {"steps": 500, "device": "auto"},
 }
