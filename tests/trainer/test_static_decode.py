@@ -1,0 +1,121 @@
+"""The fixed-shape decode step (trainer.rollout.static_decode) against the engine's
+own ``_decode``: same logits to float rounding, same routing, same cache, no host
+sync; and under torch.compile (slow: inductor's C++ build)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config.presets import resolve_preset
+from trainer.devices.sync_count import count_syncs
+from trainer.model import TransformerLM
+from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.static_decode import compiled_decode, decode_static, zero_cache
+
+VOCAB = 32
+B, P, NEW = 4, 6, 5
+
+
+def _engines(precision: str, backend: str = "auto", **model):
+    cfg = resolve_preset("moe-grpo").model.model_copy(update=model)
+    torch.manual_seed(0)
+    policy = TransformerLM(cfg, VOCAB)
+    engines = []
+    for _ in range(2):
+        engine = RolloutEngine(cfg, VOCAB, precision=precision, moe_backend=backend)
+        engine.load_weights(policy.state_dict())
+        engines.append(engine)
+    return engines
+
+
+def _prefill(engine, prompts, mask):
+    total = P + NEW
+    engine._static_cache(B, total)
+    if engine.pos_emb is None:
+        engine._rope_table(total)
+    zero_cache(engine)
+    routing = engine._routing_buffer(B, total)
+    engine._forward(prompts, mask.long().cumsum(-1).sub(1).clamp(min=0), mask, 0, routing[:, :, :P])
+    n_real, key_bias = engine._decode_state(mask, total)
+    return routing, n_real, key_bias
+
+
+def _decode_both(precision: str, step_fn=None, backend: str = "auto", **model):
+    dynamic, static = _engines(precision, backend, **model)
+    prompts = torch.randint(3, VOCAB, (B, P), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    mask[0, :2] = False  # a left-padded row
+    out = []
+    with torch.inference_mode():
+        r_dyn, n_dyn, bias_dyn = _prefill(dynamic, prompts, mask)
+        r_sta, n_sta, bias_sta = _prefill(static, prompts, mask)
+        feed = torch.randint(3, VOCAB, (NEW, B), generator=torch.Generator().manual_seed(2))
+        for step in range(NEW - 1):
+            col = P + step
+            a = dynamic._decode(
+                feed[step], n_dyn, col, bias_dyn[:, None, None, : col + 1], r_dyn[:, :, col]
+            )
+            col_t = torch.tensor([col])
+            if step_fn is None:
+                b = decode_static(static, feed[step], n_sta, col_t, bias_sta, r_sta)
+            else:
+                b = step_fn(static)(feed[step], n_sta, col_t, bias_sta, r_sta)
+            n_dyn += 1
+            n_sta += 1
+            out.append((a.clone(), b.clone()))
+        end = P + NEW - 1
+        caches = (dynamic._cache[0][..., :end, :], static._cache[0][..., :end, :])
+    return out, (r_dyn[:, :, :end], r_sta[:, :, :end]), caches
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_static_step_equals_the_engines_decode(precision):
+    steps, routing, caches = _decode_both(precision)
+    for a, b in steps:
+        # Same formulas and rounding; only the attention GEMM's blocking over more
+        # (zero-weight) columns may reorder a sum: a few fp32 ulps of the logits.
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert torch.equal(routing[0], routing[1])  # the same experts chosen
+    torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=1e-6)
+
+
+def test_static_step_with_a_sliding_window():
+    steps, routing, _ = _decode_both("fp32", sliding_window=4)
+    for a, b in steps:
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert torch.equal(routing[0], routing[1])
+
+
+def test_static_step_makes_no_host_sync():
+    _, static = _engines("fp32")
+    prompts = torch.randint(3, VOCAB, (B, P))
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    with torch.inference_mode():
+        routing, n_real, key_bias = _prefill(static, prompts, mask)
+        with count_syncs() as syncs:
+            decode_static(static, prompts[:, -1], n_real, torch.tensor([P]), key_bias, routing)
+    assert syncs.total == 0, syncs.report()
+
+
+def test_compiling_an_fp32_engine_on_grouped_mm_is_refused():
+    engine, _ = _engines("fp32")
+    with pytest.raises(ValueError, match="padded"):
+        compiled_decode(engine)
+
+
+@pytest.mark.slow
+def test_compiled_static_step_equals_eager():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = {}
+
+    def step_fn(engine):  # one compiled step for the whole rollout, as generate would hold it
+        return compiled.setdefault("step", compiled_decode(engine))
+
+    steps, routing, _ = _decode_both("fp32", step_fn=step_fn, backend="padded")
+    for a, b in steps:
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)  # inductor fuses and reorders
+    assert torch.equal(routing[0], routing[1])
+    # every column of the rollout ran the one graph: the column is data, not a constant
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

@@ -1,0 +1,153 @@
+"""A decode step of fixed shapes, for ``torch.compile`` and CUDA graphs.
+
+The engine's ``_decode`` (trainer/rollout/forward.py) reads the KV cache up to
+column ``col`` and writes the new key and value at a Python-int column: the
+slice grows by one column per token, so a compiled step would recompile and a
+captured CUDA graph (which replays fixed shapes and fixed addresses) could not
+run it at all. ``decode_static`` computes the same step over the WHOLE cache
+width S:
+
+* the new key / value (and the routing) go in with ``index_copy_`` at a (1,)
+  column tensor, so the column is data, not a Python constant;
+* attention reads all S columns; columns after ``col`` get -inf in the bias,
+  so their softmax weight is exactly 0 (exp(-inf) = 0) and they add exactly 0
+  to the weighted sum of values, provided the cache holds finite numbers
+  there (0 x NaN is NaN): ``zero_cache`` fills it once per rollout;
+* sliding windows mask in-graph (columns <= col - window), as ``_decode``
+  masks by slicing.
+
+Same formulas and the same rounding as ``_decode``; a GEMM over more columns
+may block its sums differently, so logits agree to float rounding, not bit for
+bit (tests/trainer/test_static_decode.py bounds it). Compiled-vs-eager timings
+on the CPU: bench/bench_decode_compile.py, docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainer.rollout.forward import _rotate
+
+if TYPE_CHECKING:
+    from trainer.rollout.engine import RolloutEngine
+
+DecodeStep = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor
+]
+
+
+def zero_cache(engine: RolloutEngine) -> None:
+    """Make every cache column finite (zeros) before a static-width decode reads it."""
+    keys, values = engine._cache
+    keys.zero_()
+    values.zero_()
+
+
+def decode_static(
+    engine: RolloutEngine,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    col: torch.Tensor,
+    key_bias: torch.Tensor,
+    routing_out: torch.Tensor | None,
+) -> torch.Tensor:
+    """One cached decode step over the whole cache width; returns fp32 logits (B, V).
+
+    token, position: (B,) the token fed at cache column ``col`` and its position
+    id; col: (1,) long, the cache column; key_bias: (B, S) fp32, 0 where a key
+    column holds a real token and -inf on pads (``RolloutEngine._decode_state``;
+    columns after ``col`` are masked here); routing_out: (L_moe, B, S, k) buffer
+    for the natural top-k (column ``col`` written), or None.
+    """
+    num = engine.num
+    cfg = engine.cfg
+    b = token.shape[0]
+    n_heads, n_kv, head_dim = engine.n_heads, engine.n_kv_heads, engine.head_dim
+    groups = n_heads // n_kv
+    keys, values = engine._cache  # (L, B, Hkv, S, hd)
+    columns = torch.arange(keys.shape[3], device=token.device)
+    bias = key_bias.masked_fill(columns > col, float("-inf"))[:, None, None, :]  # (B,1,1,S)
+    slide_bias = None
+    if cfg.sliding_window is not None:
+        # transformers' sliding window: a query at column q sees columns > q - window
+        slide_bias = bias.masked_fill(columns <= col - cfg.sliding_window, float("-inf"))
+    x = engine.tok_emb[token]  # (B, D)
+    cos = sin = None
+    if engine.pos_emb is not None:
+        x = num.round_(x + engine.pos_emb[position])
+    else:
+        angles = engine._decode_angles(position)  # (B, 2, hd)
+        cos = angles[:, 0].view(b, 1, 1, head_dim)
+        sin = angles[:, 1].view(b, 1, 1, head_dim)
+    scale = head_dim**-0.5
+    moe_i = 0
+    for i, layer in enumerate(engine.layers):
+        h = num.round_(engine._norm(x, layer.attn_norm))
+        if engine.joint_qk:
+            qkv = engine._linear_bias(h, layer.wqkv, layer.qkv_bias).view(b, 3, n_heads, head_dim)
+            qk = qkv[:, :2]
+            if cos is not None:
+                qk = num.round_(_rotate(qk, cos, sin, head_dim))
+            q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+        else:
+            q, k, v = (z[:, 0] for z in engine._qkv(h[:, None], layer, b, 1))
+            if cos is not None:
+                q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], head_dim))
+                k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], head_dim))
+        keys[i].index_copy_(2, col, k[:, :, None].to(keys.dtype))
+        values[i].index_copy_(2, col, v[:, :, None].to(values.dtype))
+        q = q.reshape(b, n_kv, groups, head_dim)
+        scores = (q @ keys[i].transpose(-1, -2)) * scale  # (B, Hkv, g, S)
+        layer_bias = slide_bias if cfg.uses_sliding_window(i) else bias
+        weights = (scores.float() + layer_bias).softmax(-1)
+        y = num.round_(weights.to(values.dtype) @ values[i])  # (B, Hkv, g, hd)
+        y = y.view(b, n_heads * head_dim)
+        x = num.round_(x + engine._linear_bias(y, layer.wo, layer.wo_bias))
+
+        h = num.round_(engine._norm(x, layer.ffn_norm))
+        if layer.is_moe:
+            y, top = engine._moe(h, layer)
+            if routing_out is not None:
+                routing_out[moe_i].index_copy_(1, col, top[:, None].to(routing_out.dtype))
+            moe_i += 1
+        else:
+            y = engine._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+        x = num.round_(x + y)
+    h = num.round_(engine._norm(x, engine.norm_f))
+    return num.linear(h, engine.lm_head, fp8=False).float()
+
+
+def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeStep:
+    """``decode_static`` of this engine under ``torch.compile`` (fixed shapes:
+    ``dynamic=False``). ``mode="reduce-overhead"`` on CUDA captures the step as a
+    CUDA graph; on the CPU the default mode fuses the elementwise ops (inductor's
+    C++ backend).
+
+    torch._grouped_mm traces (its meta kernel) for bf16 operands only, so an engine
+    that stores fp32 (every CPU engine: half precisions are emulated there) must
+    run its experts on the ``padded`` backend (batched GEMMs) to compile.
+    """
+    if engine.cfg.is_moe and engine.num.dtype != torch.bfloat16 and engine.moe_backend != "padded":
+        raise ValueError(
+            f"compiled decode of a {engine.num.dtype} engine needs moe_backend='padded' "
+            f"(not {engine.moe_backend!r}): torch._grouped_mm compiles for bf16 operands only"
+        )
+
+    def static_step(token, position, col, key_bias, routing_out):
+        return decode_static(engine, token, position, col, key_bias, routing_out)
+
+    compiled = torch.compile(static_step, dynamic=False, mode=mode)
+
+    def step(token, position, col, key_bias, routing_out):
+        # The dispatch's slot index buffer is engine state the step would otherwise
+        # create inside the graph on its first call (a second graph on the next):
+        # made here, outside it, once per batch size.
+        rows = token.shape[0] * engine.cfg.top_k
+        if engine.cfg.is_moe and (engine._slots is None or engine._slots.numel() < rows):
+            engine._slots = torch.arange(rows, device=token.device)
+        return compiled(token, position, col, key_bias, routing_out)
+
+    return step
