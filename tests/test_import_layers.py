@@ -72,12 +72,12 @@ TRAINER_CONTRACT = frozenset(
         "trainer.tasks.verifiers",
         "trainer.config.validation",
         "trainer.run.warmstart_progress",
+        "trainer.launch",
     }
 )
 # ... and those that load torch: only inside worker code paths.
 TRAINER_WORKER_ONLY = frozenset(
     {
-        "trainer.run.checkpoint",
         "trainer.hf.export",
         "trainer.hf.loader",
         "trainer.model.transformer",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -137,6 +138,49 @@ def test_worker_shutdown_gives_the_run_back_and_it_resumes(lab_stack):
     assert done["attempts"] == 2
     steps = _steps(lab_stack, run["id"])
     assert steps == sorted(set(steps)) and len(steps) == total
+
+
+def test_a_warm_start_interrupted_by_a_worker_shutdown_resumes_where_it_stopped(
+    lab_stack, tmp_path
+):
+    """Ctrl-C or SIGTERM while the run is still in its warm start: the warm start
+    saves its state, the run is interrupted (not cancelled) and back in the queue
+    unspent, and the next worker's attempt (attempt 2) resumes the warm start at
+    the step it stopped, instead of starting it again from step 0."""
+    lab_stack.env["MOE_LAB_CACHE"] = str(tmp_path / "cache")  # no cached base to reuse
+    lab_stack.start_worker("w1")
+    long_warm_start = {
+        "warm_start.max_steps": 5000,
+        "warm_start.eval_every": 5,
+        "warm_start.eval_size": 8,
+        "warm_start.batch_size": 8,
+        "warm_start.target_accuracy_low": 0.99,  # out of reach: it runs until stopped
+        "warm_start.target_accuracy_high": 1.0,
+    }
+    run = _submit(lab_stack, **long_warm_start)
+    trainer_log = Path(lab_stack.wait_status(run["id"], {"running"}, 120)["run_dir"], "trainer.log")
+
+    def log_text() -> str:
+        return trainer_log.read_text() if trainer_log.exists() else ""
+
+    lab_stack.wait_for(lambda: "warm start step 10/" in log_text(), 240, "warm start step 10")
+    lab_stack.kill("w1", signal.SIGTERM)
+    back = lab_stack.run(run["id"])
+    assert back["status"] == "queued" and back["attempts"] == 1, back
+    assert "interrupted" in back["error"] and "cancel" not in back["error"].lower(), back
+    stopped = re.search(r"warm start stopped at step (\d+)", log_text())
+    assert stopped, log_text()[-3000:]
+    assert log_text().strip().splitlines()[-1].startswith("=== attempt 1 interrupted")
+
+    lab_stack.start_worker("w2")
+    lab_stack.wait_for(lambda: "resuming at step" in log_text(), 240, "the warm start to resume")
+    again = lab_stack.run(run["id"])
+    assert again["attempts"] == 2 and again["status"] == "running", again
+    resumed = re.search(r"resuming at step (\d+)/", log_text())
+    assert int(resumed.group(1)) == int(stopped.group(1)) >= 10
+    lab_stack.post(f"/api/runs/{run['id']}/cancel")  # a real cancel now: done
+    done = lab_stack.wait_status(run["id"], {"cancelled", "failed", "succeeded"}, 120)
+    assert done["status"] == "cancelled", done["error"]
 
 
 # ---------------------------------------------------------------- the queue of record

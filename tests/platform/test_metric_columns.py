@@ -12,8 +12,8 @@ from lab_processes import submit_tiny_run
 
 from lab.jobs import services as jobs
 from lab.jobs import tasks
-from lab.jobs.supervisor import Supervision, _ingest
 from lab.jobs.tailer import MetricsTail
+from lab.jobs.watch import Supervision, ingest
 from lab.runs import lifecycle
 from lab.runs.metrics import read
 from lab.runs.metrics.columns import CHUNK_STEPS, decode_column, decode_steps, encode_columns
@@ -208,9 +208,9 @@ def test_the_worker_seals_chunks_as_training_moves_on(user, experiment, tmp_path
     run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
     sup = Supervision(claim=claim, run_dir=tmp_path, tail=MetricsTail(tmp_path / "m.jsonl"))
-    _ingest(sup, _a(range(C - 1)))
+    ingest(sup, _a(range(C - 1)))
     assert _sealed(run) == 0
-    _ingest(sup, _a(range(C - 1, 2 * C + 3)))
+    ingest(sup, _a(range(C - 1, 2 * C + 3)))
     assert sup.sealed_chunks == 2 and _sealed(run) == 2
 
 

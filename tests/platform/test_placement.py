@@ -8,10 +8,11 @@ import uuid
 import pytest
 from lab_processes import submit_tiny_run
 
-from lab.jobs import capacity, gang, supervisor
+from lab.jobs import capacity, gang, outcome, spawn
 from lab.jobs import services as jobs
 from lab.jobs.models import Worker
 from lab.jobs.queries import waiting_reason
+from trainer.launch import torchrun_command
 
 
 @pytest.fixture
@@ -103,14 +104,14 @@ def test_two_workers_on_one_host_never_share_a_gpu(monkeypatch, settings, tmp_pa
 def test_a_trainer_sees_only_the_devices_its_run_needs(monkeypatch, settings):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     settings.LAB_WORKER_GPUS = None
-    assert supervisor._trainer_env(2)["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert spawn.trainer_env(2)["CUDA_VISIBLE_DEVICES"] == "4,5"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU worker: the environment as is
-    assert supervisor._trainer_env(1)["CUDA_VISIBLE_DEVICES"] == ""
+    assert spawn.trainer_env(1)["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_torchrun_only_for_several_ranks(tmp_path):
-    one = supervisor.trainer_command(tmp_path / "c.json", tmp_path, resume=False, gpus=1)
-    two = supervisor.trainer_command(tmp_path / "c.json", tmp_path, resume=False, gpus=2)
+    one = spawn.trainer_command(tmp_path / "c.json", tmp_path, resume=False, gpus=1)
+    two = spawn.trainer_command(tmp_path / "c.json", tmp_path, resume=False, gpus=2)
     assert "torch.distributed.run" not in one
     assert "torch.distributed.run" in two and "--nproc_per_node=2" in two
 
@@ -213,9 +214,10 @@ def test_gang_lead_join_and_release(user, experiment, queue, django_capture_on_c
     host, port = run.rdzv_endpoint.rsplit(":", 1)
     assert host  # LAB_RDZV_HOST: where the other members reach the store
     assert 29400 <= int(port) <= 29499
-    args = gang.torchrun_args(run, 30)
+    args = torchrun_command([], nproc_per_node=1, rendezvous=gang.rendezvous(run, 30))
     assert "--nnodes=3" in args and f"--rdzv-id=run{run.pk}-a1" in args
     assert f"--rdzv-endpoint={run.rdzv_endpoint}" in args
+    assert "--rdzv-conf=join_timeout=30" in args
 
     assert gang.release(run.pk, 1, "the gang did not assemble")
     run.refresh_from_db()
@@ -229,7 +231,7 @@ def test_gang_lead_join_and_release(user, experiment, queue, django_capture_on_c
 
 
 def test_the_ranks_exit_code_is_read_from_the_run_folder(tmp_path):
-    assert supervisor.ranks_exit_code(tmp_path, 1) == 1  # no file: torchrun's own
+    assert outcome.ranks_exit_code(tmp_path, 1) == 1  # no file: torchrun's own
     (tmp_path / "exit_code").write_text("2")
-    assert supervisor.ranks_exit_code(tmp_path, 1) == 2  # a bad config: fail at once
-    assert supervisor.ranks_exit_code(tmp_path, 0) == 0
+    assert outcome.ranks_exit_code(tmp_path, 1) == 2  # a bad config: fail at once
+    assert outcome.ranks_exit_code(tmp_path, 0) == 0

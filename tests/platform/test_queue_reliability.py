@@ -13,7 +13,7 @@ from django.utils import timezone
 from lab_processes import submit_tiny_run
 from teams import share
 
-from lab.jobs import queries, supervisor, tasks
+from lab.jobs import queries, spawn, supervisor, tasks, watch
 from lab.jobs import services as jobs
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.models import MetricStep, Run, RunStatus
@@ -135,21 +135,21 @@ def test_metrics_from_a_stale_attempt_are_refused_in_the_same_transaction(user, 
 
 
 def test_trainer_command_carries_the_attempts_lease(tmp_path):
-    lease = supervisor.lease_file(tmp_path, 3)
-    cmd = supervisor.trainer_command(
+    lease = spawn.lease_file(tmp_path, 3)
+    cmd = spawn.trainer_command(
         tmp_path / "config.json", tmp_path, resume=False, gpus=1, lease=lease, lease_s=2.5
     )
     assert cmd[cmd.index("--lease-file") + 1] == str(tmp_path / ".lease-attempt-3")
     assert cmd[cmd.index("--lease-s") + 1] == "2.5"
-    assert supervisor.lease_file(tmp_path, 4) != lease
+    assert spawn.lease_file(tmp_path, 4) != lease
 
 
 def test_a_leftover_checkpoint_temporary_is_not_a_checkpoint(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt.host-123.tmp").write_bytes(b"half")
-    assert not supervisor.has_checkpoint(tmp_path)
+    assert not spawn.has_checkpoint(tmp_path)
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"whole")
-    assert supervisor.has_checkpoint(tmp_path)
+    assert spawn.has_checkpoint(tmp_path)
 
 
 # ------------------------------------------------------------------ clear failures
@@ -350,7 +350,7 @@ def test_a_database_error_in_the_watch_loop_is_retried_not_fatal(
     lease = tmp_path / ".lease"
     lease.write_text("")
     failures = {"ingest": 1, "heartbeat": 2}
-    real_ingest, real_heartbeat = supervisor.ingest_metrics, jobs.heartbeat
+    real_ingest, real_heartbeat = watch.ingest_metrics, jobs.heartbeat
 
     def flaky(name, real):
         def call(*args, **kwargs):
@@ -361,16 +361,14 @@ def test_a_database_error_in_the_watch_loop_is_retried_not_fatal(
 
         return call
 
-    monkeypatch.setattr(supervisor, "ingest_metrics", flaky("ingest", real_ingest))
+    monkeypatch.setattr(watch, "ingest_metrics", flaky("ingest", real_ingest))
     monkeypatch.setattr(jobs, "heartbeat", flaky("heartbeat", real_heartbeat))
     renewed = []
-    monkeypatch.setattr(supervisor, "renew_lease", lambda path: renewed.append(time.monotonic()))
-    sup = supervisor.Supervision(
-        claim=claim, run_dir=tmp_path, tail=MetricsTail(metrics), lease=lease
-    )
+    monkeypatch.setattr(watch, "renew_lease", lambda path: renewed.append(time.monotonic()))
+    sup = watch.Supervision(claim=claim, run_dir=tmp_path, tail=MetricsTail(metrics), lease=lease)
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
     with caplog.at_level("WARNING"):
-        assert supervisor._watch(trainer, sup) == 0
+        assert watch.watch(trainer, sup) == 0
     assert _stored_steps(run.pk) == [0] and sup.pending == []  # stored on the retry
     assert failures == {"ingest": 0, "heartbeat": 0}
     assert renewed  # once the database answered again, the lease was renewed

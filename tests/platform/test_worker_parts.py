@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
-from lab.jobs.supervisor import has_checkpoint, outcome, trainer_command
+from lab.jobs.outcome import outcome
+from lab.jobs.spawn import has_checkpoint, trainer_command
 from lab.jobs.tailer import MetricsTail
+from trainer.launch import Rendezvous, torchrun_command
 from trainer.run.files import parse_metric_lines
 
 
@@ -21,6 +23,14 @@ def test_trainer_command_uses_torchrun_for_several_gpus(tmp_path):
     cmd = trainer_command(tmp_path / "c.json", tmp_path, resume=False, gpus=4)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
     assert cmd[5:8] == ["-m", "trainer", "run"]
+
+
+def test_a_gang_members_trainer_command_is_torchrun_with_the_gangs_rendezvous(tmp_path):
+    rdzv = Rendezvous(nnodes=2, endpoint="10.0.0.5:29400", run_id="run3-a1", join_timeout_s=120)
+    cmd = trainer_command(tmp_path / "c.json", tmp_path, resume=True, gpus=1, rendezvous=rdzv)
+    trainer = ["-m", "trainer", "run", "--config", str(tmp_path / "c.json"),
+               "--out", str(tmp_path), "--resume"]  # fmt: skip
+    assert cmd == torchrun_command(trainer, nproc_per_node=1, rendezvous=rdzv)
 
 
 def test_has_checkpoint(tmp_path):

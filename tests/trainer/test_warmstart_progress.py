@@ -66,6 +66,22 @@ def test_reporter_writes_the_phase_and_logs_an_eta(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # rewritten atomically
 
 
+def test_a_resumed_warm_start_reports_from_its_step_at_its_own_pace(tmp_path):
+    """A warm start that continues an interrupted one's saved state (test_warmstart_resume.py)
+    says so, counts on from the saved step and times its ETA on its own steps."""
+    now = [0.0]
+    lines: list[str] = []
+    reporter = WarmStartReporter(
+        tmp_path, max_steps=300, target=0.2, log=lines.append, clock=lambda: now[0]
+    )
+    reporter.resumed(100, first_accuracy=0.0, accuracy=0.0)
+    assert read_progress(tmp_path)[K.WARMSTART_STEP] == 100
+    assert "resuming at step 100/300" in lines[-1]
+    now[0] = 10.0
+    reporter.check(150, 1.0, 0.0)  # 50 steps in 10 s here; no climb: 150 steps left
+    assert read_progress(tmp_path)[K.WARMSTART_ETA_S] == pytest.approx(30.0)
+
+
 def test_a_run_reports_its_warm_start_then_a_cache_hit(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
     cfg = validate_config(apply_overrides(preset_dict("moe-grpo"), FAST))

@@ -8,6 +8,16 @@ what the checkpoint and data files hold, not only their paths, the
 vocabulary, and on the CPU the thread count; ``warm_start.seed``, not
 ``run.seed``), so every run with the same base, every seed of a study
 included, reuses it.
+
+An unfinished warm start is kept too: ``KEY.partial.pt`` beside ``KEY.pt``
+holds the model, the optimiser, the loop's RNG states and step, the last
+check's snapshot and its step size, written atomically (temporary file, then
+``os.replace``) at held-out checks at most every ``PARTIAL_EVERY_S`` seconds and
+whenever the warm start is stopped (a cancel's or a worker shutdown's SIGTERM,
+Ctrl-C, an expired lease). The next warm start of the same base, in this run's
+next attempt or in any other run, continues from it, bit for bit the base an
+uninterrupted warm start trains (same data order: the RNG states are restored),
+and removes it once ``KEY.pt`` is written.
 """
 
 from __future__ import annotations
@@ -36,6 +46,10 @@ from trainer.run.warmstart_progress import WarmStartReporter
 from trainer.tasks import Task
 
 CACHE_ENV = "MOE_LAB_CACHE"
+# An unfinished warm start is saved at a held-out check when the last save is
+# older than this (and always when it is stopped).
+PARTIAL_EVERY_S = 60.0
+PARTIAL_FORMAT = 1  # bumped when what the partial state holds changes: older ones are ignored
 
 
 def cache_dir() -> Path:
@@ -133,7 +147,7 @@ def train_base_policy(
         None, max_steps=ws.max_steps, target=ws.target_accuracy_low, log=log
     )
     key = warm_start_key(cfg, vocab_size, device)
-    if not ws.cache:
+    if not ws.cache:  # nothing kept on disk: a stopped warm start starts over
         state, acc, steps = _train(cfg, task, vocab_size, device, reporter, interrupt)
         return WarmStartResult(state, acc, steps, False, key)
     path = cache_dir() / f"{key}.pt"
@@ -142,9 +156,16 @@ def train_base_policy(
             blob = torch.load(path, map_location="cpu", weights_only=False)
             reporter.cached(blob["accuracy"], blob["steps"])
             return WarmStartResult(blob["state_dict"], blob["accuracy"], blob["steps"], True, key)
-        state, acc, steps = _train(cfg, task, vocab_size, device, reporter, interrupt)
+        partial = PartialWarmStart(partial_path(key), key, device, reporter.log)
+        state, acc, steps = _train(cfg, task, vocab_size, device, reporter, interrupt, partial)
         _write_cache(path, {"state_dict": state, "accuracy": acc, "steps": steps})
+        partial.discard()
     return WarmStartResult(state, acc, steps, False, key)
+
+
+def partial_path(key: str) -> Path:
+    """Where an unfinished warm start of the base ``key`` is kept (module docstring)."""
+    return cache_dir() / f"{key}.partial.pt"
 
 
 def missed_target(cfg: ExperimentConfig, accuracy: float, steps: int) -> str | None:
@@ -176,8 +197,10 @@ def _train(
     device: torch.device,
     reporter: WarmStartReporter,
     interrupt: Callable[[], None] | None,
+    partial: PartialWarmStart | None = None,
 ) -> tuple[dict[str, torch.Tensor], float, int]:
-    """SFT until the greedy held-out accuracy lands in the target band.
+    """SFT until the greedy held-out accuracy lands in the target band, continuing
+    from ``partial``'s saved state when it has one and saving to it as it goes.
     Returns (CPU state dict, accuracy, SFT steps)."""
     ws = cfg.warm_start
     torch.manual_seed(ws.seed)
@@ -190,44 +213,153 @@ def _train(
         engine.load_weights(model.state_dict())
         return greedy_accuracy(engine, task, eval_problems, max_new, device)
 
-    acc = accuracy()
-    reporter.begin(acc)
-    steps = 0
-    if ws.enabled and acc < ws.target_accuracy_low:
-        rng = random.Random(ws.seed + 7919)
-        lr, eval_every = ws.lr, ws.eval_every
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98))
-        snapshot = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
-        while steps < ws.max_steps:
-            if interrupt is not None:
+    rng = random.Random(ws.seed + 7919)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr, betas=(0.9, 0.98))
+    loop = partial.load(model, optimizer, rng) if partial is not None and ws.enabled else None
+    if loop is not None:
+        reporter.resumed(loop.step, loop.first_accuracy, loop.accuracy)
+    else:
+        acc = accuracy()
+        reporter.begin(acc)
+        loop = _Loop(0, ws.eval_every, acc, acc, None)
+        if not ws.enabled or acc >= ws.target_accuracy_low:
+            reporter.finish()
+            return _cpu_state(model), acc, 0
+        loop.snapshot = _copy_state(model, optimizer)
+    while loop.step < ws.max_steps:
+        if interrupt is not None:
+            try:
                 interrupt()
-            model.train()
-            loss = _sft_loss(model, task.sample(ws.batch_size, rng), task, device, ws.aux_loss_coef)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            steps += 1
-            if steps % eval_every:
-                continue
-            acc = accuracy()
-            reporter.check(steps, loss.item(), acc)
-            if ws.target_accuracy_low <= acc <= ws.target_accuracy_high:
-                break
-            if acc > ws.target_accuracy_high and eval_every > 1:
-                # Overshot the band: go back to the last check and approach in smaller steps.
-                model.load_state_dict(snapshot[0])
-                optimizer.load_state_dict(snapshot[1])
-                eval_every = max(1, eval_every // 4)
-                for group in optimizer.param_groups:
-                    group["lr"] *= 0.5
-                continue
-            if acc > ws.target_accuracy_high:
-                break
-            snapshot = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
+            except BaseException:  # stopped: keep what it has for the next warm start
+                if partial is not None:
+                    partial.save(model, optimizer, rng, loop, stopped=True)
+                raise
+        model.train()
+        loss = _sft_loss(model, task.sample(ws.batch_size, rng), task, device, ws.aux_loss_coef)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        loop.step += 1
+        if loop.step % loop.eval_every:
+            continue
+        loop.accuracy = acc = accuracy()
+        reporter.check(loop.step, loss.item(), acc)
+        if ws.target_accuracy_low <= acc <= ws.target_accuracy_high:
+            break
+        if acc > ws.target_accuracy_high and loop.eval_every > 1:
+            # Overshot the band: go back to the last check and approach in smaller steps.
+            model.load_state_dict(loop.snapshot[0])
+            optimizer.load_state_dict(loop.snapshot[1])
+            loop.eval_every = max(1, loop.eval_every // 4)
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.5
+            continue
+        if acc > ws.target_accuracy_high:
+            break
+        loop.snapshot = _copy_state(model, optimizer)
+        if partial is not None and partial.due():
+            partial.save(model, optimizer, rng, loop)
 
     reporter.finish()
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, acc, steps
+    return _cpu_state(model), loop.accuracy, loop.step
+
+
+def _cpu_state(model: TransformerLM) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _copy_state(model: TransformerLM, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+
+
+@dataclass
+class _Loop:
+    """The SFT loop's own state, besides the model, optimiser and RNGs."""
+
+    step: int
+    eval_every: int  # shrinks after an overshoot
+    accuracy: float  # the last held-out check's
+    first_accuracy: float  # the untrained base's (the ETA's climb)
+    snapshot: tuple[dict, dict] | None  # model and optimiser at the last check (the rollback)
+
+
+class PartialWarmStart:
+    """An unfinished warm start of one base, on disk (module docstring). Read and
+    written under the cache entry's lock, so one process at a time touches it."""
+
+    def __init__(
+        self, path: Path, key: str, device: torch.device, log: Callable[[str], None]
+    ) -> None:
+        self.path, self.key, self.device, self.log = path, key, device, log
+        self.saved_at = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.saved_at >= PARTIAL_EVERY_S
+
+    def save(
+        self, model, optimizer, rng: random.Random, loop: _Loop, *, stopped: bool = False
+    ) -> None:
+        blob = {
+            "format": PARTIAL_FORMAT,
+            "key": self.key,
+            "loop": {k: v for k, v in loop.__dict__.items() if k != "snapshot"},
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "snapshot": loop.snapshot,
+            "rng": {"python": rng.getstate(), "torch": torch.get_rng_state(),
+                    "cuda": self._cuda_rng()},
+        }  # fmt: skip
+        try:
+            _write_cache(self.path, blob)
+        except OSError as exc:  # a full disk must not turn a stop into a crash
+            self.log(f"warm start: could not save its state at step {loop.step} ({exc})")
+            return
+        self.saved_at = time.monotonic()
+        if stopped:
+            self.log(
+                f"warm start stopped at step {loop.step}: its state is saved "
+                f"({self.path}); the next warm start of this base resumes from it"
+            )
+
+    def load(self, model, optimizer, rng: random.Random) -> _Loop | None:
+        """Restore the saved state into ``model``, ``optimizer``, ``rng`` and the
+        torch RNGs; None (start over) when there is none or it does not fit."""
+        if not self.path.exists():
+            return None
+        try:
+            blob = torch.load(self.path, map_location="cpu", weights_only=False)
+            _check_fits(blob, self.key, model, optimizer)
+        except Exception as exc:  # unreadable or foreign: never worse than starting over
+            self.log(f"warm start: ignoring the saved state {self.path} ({exc}); starting over")
+            return None
+        model.load_state_dict(blob["model"])
+        optimizer.load_state_dict(blob["optimizer"])
+        rng.setstate(blob["rng"]["python"])
+        torch.set_rng_state(blob["rng"]["torch"])
+        if blob["rng"]["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(blob["rng"]["cuda"], self.device)
+        return _Loop(**blob["loop"], snapshot=blob["snapshot"])
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _cuda_rng(self) -> torch.Tensor | None:
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+
+
+def _check_fits(blob: dict, key: str, model, optimizer) -> None:
+    """ValueError unless ``blob`` is a partial state of this base that loads into
+    ``model`` and ``optimizer`` (checked before either is touched)."""
+    if blob.get("format") != PARTIAL_FORMAT or blob.get("key") != key:
+        raise ValueError("saved by another version or for another base")
+    own = model.state_dict()
+    saved = blob["model"]
+    if set(saved) != set(own) or any(saved[k].shape != own[k].shape for k in own):
+        raise ValueError("its parameters do not match the model")
+    groups = blob["optimizer"]["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise ValueError("its optimiser does not match the model")
 
 
 # How often a process waiting for another's warm start of the same base looks

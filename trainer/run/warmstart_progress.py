@@ -9,7 +9,9 @@ trainer reports this phase separately:
   ``warmstart/`` keys of trainer/metric_keys.py. The worker polls it and stores
   it on the run; ``phase`` turns to ``training`` when the base policy is ready.
 * a log line per check with the held-out accuracy, its target and an ETA, which
-  the CLI prints and the worker keeps in trainer.log.
+  the CLI prints and the worker keeps in trainer.log; a warm start that resumes
+  an interrupted one's saved state (trainer/run/warmstart.py) says so, and its
+  ``warmstart/step`` continues from there.
 
 ETA: the pace so far (seconds per SFT step) times the steps still expected. The
 steps expected come from the accuracy's climb since the first check, extended in
@@ -37,11 +39,14 @@ def eta_seconds(
     accuracy: float,
     first_accuracy: float,
     target: float,
+    first_step: int = 0,
 ) -> float | None:
-    """Seconds until the warm start should stop (see the module docstring); None at step 0."""
-    if step <= 0 or elapsed_s <= 0:
+    """Seconds until the warm start should stop (see the module docstring); None at step 0.
+    ``elapsed_s`` is the time since ``first_step`` (a resumed warm start's pace is
+    this process's own); the climb is counted from step 0."""
+    if step <= first_step or elapsed_s <= 0:
         return None
-    per_step = elapsed_s / step
+    per_step = elapsed_s / (step - first_step)
     left = max(0, max_steps - step)
     climb = (accuracy - first_accuracy) / step
     if accuracy >= target:
@@ -77,6 +82,7 @@ class WarmStartReporter:
         self.log = log
         self.clock = clock
         self.started = clock()
+        self.first_step = 0  # where this process's warm start began (a resumed one: later)
         self.first_accuracy: float | None = None
         self.state: dict[str, Any] = {
             mk.PHASE: mk.PHASE_WARMSTART,
@@ -98,6 +104,20 @@ class WarmStartReporter:
         self.state[mk.WARMSTART_ETA_S] = None
         self._write()
 
+    def resumed(self, step: int, first_accuracy: float, accuracy: float) -> None:
+        """An interrupted warm start's saved state was loaded: it goes on from ``step``."""
+        self.first_accuracy = first_accuracy
+        self.first_step = step
+        self.started = self.clock()
+        self.state.update(
+            {mk.WARMSTART_STEP: step, mk.WARMSTART_ACCURACY: accuracy, mk.WARMSTART_ETA_S: None}
+        )
+        self._write()
+        self.log(
+            f"warm start: resuming at step {step}/{self.max_steps} from the state an "
+            f"interrupted warm start saved (held-out accuracy {accuracy:.3f} at its last check)"
+        )
+
     def check(self, step: int, loss: float, accuracy: float) -> None:
         """One held-out check during the warm start."""
         eta = eta_seconds(
@@ -107,6 +127,7 @@ class WarmStartReporter:
             accuracy=accuracy,
             first_accuracy=accuracy if self.first_accuracy is None else self.first_accuracy,
             target=self.target,
+            first_step=self.first_step,
         )
         self.state.update(
             {

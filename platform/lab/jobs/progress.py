@@ -1,10 +1,10 @@
 """The trainer's warm-start phase, polled from RUN_DIR/progress.json onto the run.
 
-Called from the supervisor's poll loop (``poll_progress``): a file is read only
-when its modification time moved past the last one seen (a previous attempt's
-file is older than this attempt and is never read), and the write is fenced
-like a heartbeat (status running, this attempt), so an attempt the reconciler
-gave away writes nothing.
+Called from the supervisor's poll loop (``poll_progress``, lab/jobs/watch.py): a
+file is read only when its modification time moved past the last one seen (a
+previous attempt's file is older than this attempt and is never read), and the
+write is fenced like a heartbeat (status running, this attempt), so an attempt
+the reconciler gave away writes nothing.
 """
 
 from __future__ import annotations

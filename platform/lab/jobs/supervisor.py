@@ -158,7 +158,7 @@ def _record(run: Run, sup: Supervision, returncode: int, log_path: Path) -> str:
         if gang_outcome is not None:
             return gang_outcome
     if cause == "interrupted":
-        why = "the trainer was stopped by a signal (no cancel, and its worker stayed up)"
+        why = "the trainer was stopped by a signal its worker did not send (the worker stays up)"
         outcome.append_to_log(log_path, f"=== attempt {claim.attempt} interrupted: {why}")
         return outcome.retry_later(claim, sup, f"interrupted: {why}", log_path)
     status, summary, error = outcome.outcome(

@@ -26,7 +26,7 @@ def seal_metrics(run_id: int) -> int:
     moves forward) or the run is final (then its last chunk too). Only
     chunks not sealed yet are read and written, so calling this after every
     ingestion costs one small query until a chunk settles. Idempotent.
-    Called by the worker while it ingests (jobs.supervisor), when a run
+    Called by the worker while it ingests (jobs.watch), when a run
     becomes final (jobs.services), and by the reconciler for final runs left
     with rows past their columns.
     """
