@@ -73,6 +73,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.config.validation",
         "trainer.run.warmstart_progress",
         "trainer.launch",
+        "trainer.devices.packing",
     }
 )
 # ... and those that load torch: only inside worker code paths.

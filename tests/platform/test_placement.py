@@ -235,3 +235,84 @@ def test_the_ranks_exit_code_is_read_from_the_run_folder(tmp_path):
     (tmp_path / "exit_code").write_text("2")
     assert outcome.ranks_exit_code(tmp_path, 1) == 2  # a bad config: fail at once
     assert outcome.ranks_exit_code(tmp_path, 0) == 0
+
+
+# ------------------------------------------------------------ GPU slots
+
+
+def _slot_held_elsewhere(lock_dir, device: str, slot: int):
+    """Another worker in slot ``slot`` of ``device``: a shared device lock and the
+    slot's exclusive lock (separate open files: flock conflicts as between processes)."""
+    import fcntl
+
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    shared = open(lock_dir / f"gpu-{device}.lock", "a+")  # noqa: SIM115
+    fcntl.flock(shared, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    mine = open(lock_dir / f"gpu-{device}.slot-{slot}.lock", "a+")  # noqa: SIM115
+    fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return shared, mine
+
+
+def test_a_gpu_is_cut_into_slots_by_memory():
+    assert capacity.slots_per_gpu(80, 20) == 4
+    assert capacity.slots_per_gpu(80, 30) == 2
+    assert capacity.slots_per_gpu(141, 20) == 7  # an H200
+    assert capacity.slots_per_gpu(10, 20) == 1  # a slot never exceeds a whole GPU
+
+
+@pytest.fixture
+def slot_host(monkeypatch, settings, tmp_path):
+    """A host with one 80 GB GPU cut into 20 GB slots, this process a fresh worker."""
+    monkeypatch.setattr(capacity, "_LEASES", {})
+    monkeypatch.setattr(capacity, "_SLOTS", {})
+    monkeypatch.setattr(capacity, "host_gpu_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    settings.LAB_DEVICE_LOCK_DIR = str(tmp_path / "locks")
+    settings.LAB_WORKER_GPUS = 1
+    settings.LAB_GPU_SLOT_GB = 20
+    settings.LAB_GPU_MEMORY_GB = 80
+    yield tmp_path / "locks"
+    for handle in capacity._LEASES.values():
+        handle.close()
+
+
+def test_workers_sharing_a_gpu_each_hold_their_own_slot_and_memory_share(slot_host):
+    others = [_slot_held_elsewhere(slot_host, "0", slot) for slot in (0, 1)]
+    owns = capacity.this_worker()
+    assert (owns.devices, owns.slot, owns.slots, owns.memory_share) == (("0",), 2, 4, 0.25)
+    assert owns.ranks == 1  # a slot trains single-GPU runs
+    assert capacity.this_worker().slot == 2  # its own lease for life, not a new slot
+    env = owns.trainer_environment(1)
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "MOE_LAB_GPU_MEMORY_SHARE": "0.250000"}
+    assert spawn.trainer_env(1)["MOE_LAB_GPU_MEMORY_SHARE"] == "0.250000"
+    assert owns.describe() == "GPU 0, slot 3 of 4"
+    for handles in others:
+        for handle in handles:
+            handle.close()
+
+
+def test_a_full_gpu_refuses_a_fifth_slot_worker_and_a_whole_gpu_worker(slot_host, settings):
+    others = [_slot_held_elsewhere(slot_host, "0", slot) for slot in range(4)]
+    with pytest.raises(capacity.DeviceBusy, match="every slot of GPU 0 is taken"):
+        capacity.this_worker()
+    settings.LAB_GPU_SLOT_GB = None  # a whole-GPU worker while slot workers hold it
+    with pytest.raises(capacity.DeviceBusy, match="only 0 of the host's 1 GPUs are free"):
+        capacity.this_worker()
+    for handles in others:
+        for handle in handles:
+            handle.close()
+    assert capacity.this_worker().devices == ("0",)  # all slot workers gone: whole again
+    settings.LAB_GPU_SLOT_GB = 20  # and a slot worker while a whole-GPU worker holds it
+    with pytest.raises(capacity.DeviceBusy, match="whole-GPU worker holds"):
+        capacity.this_worker()
+
+
+def test_slot_settings_that_cannot_work_are_refused_by_name(slot_host, settings, monkeypatch):
+    settings.LAB_WORKER_GPUS = 2
+    with pytest.raises(capacity.DeviceBusy, match="LAB_WORKER_GPUS=1"):
+        capacity.this_worker()
+    settings.LAB_WORKER_GPUS = 1
+    settings.LAB_GPU_MEMORY_GB = None
+    monkeypatch.setattr(capacity, "gpu_memory_gb", lambda device: None)
+    with pytest.raises(capacity.DeviceBusy, match="LAB_GPU_MEMORY_GB"):
+        capacity.this_worker()

@@ -54,12 +54,14 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
     from lab.jobs import capacity
 
     try:
-        capacity.this_worker()  # lease the GPUs before taking any work
+        owns = capacity.this_worker()  # lease the GPUs before taking any work
     except capacity.DeviceBusy as exc:
         # A worker without its devices must not claim runs (two trainers on one GPU).
         log.critical("worker cannot start: %s", exc)
         print(f"worker cannot start: {exc}", file=sys.stderr, flush=True)
         os._exit(2)
+    log.info("worker owns %s", owns.describe())
+    print(f"worker owns {owns.describe()}", file=sys.stderr, flush=True)
     hostname = sender.hostname
     queues = sorted(sender.app.amqp.queues.consume_from.keys())
     threading.Thread(

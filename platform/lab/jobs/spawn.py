@@ -118,12 +118,13 @@ def start(cmd: list[str], log_path: Path, sup: Supervision, ranks: int) -> subpr
 
 def trainer_env(ranks: int) -> dict[str, str]:
     """The trainer's environment: a GPU worker that owns more devices than the
-    run needs shows it only the first ``ranks`` of them."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    devices = capacity.this_worker().visible_devices(ranks)
-    if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices
-    return env
+    run needs shows it only the first ``ranks`` of them; a slot of a shared GPU
+    caps it at the slot's share of the memory."""
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        **capacity.this_worker().trainer_environment(ranks),
+    }
 
 
 def wait_for_free_folder(sup: Supervision) -> bool:

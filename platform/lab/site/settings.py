@@ -273,6 +273,14 @@ LAB_DEFAULT_QUEUE = os.environ.get("LAB_DEFAULT_QUEUE", "cpu")
 # (one gloo rank on one thread each) for runs with run.gpus > 1.
 LAB_WORKER_GPUS = int(os.environ["LAB_WORKER_GPUS"]) if os.environ.get("LAB_WORKER_GPUS") else None
 LAB_WORKER_CPU_SLOTS = int(os.environ.get("LAB_WORKER_CPU_SLOTS", 1))
+# Several runs per GPU (lab/jobs/capacity.py): slots of this many GB per GPU, one
+# worker per slot (unset: whole GPUs); the GPUs' memory when nvidia-smi cannot tell.
+LAB_GPU_SLOT_GB = (
+    float(os.environ["LAB_GPU_SLOT_GB"]) if os.environ.get("LAB_GPU_SLOT_GB") else None
+)
+LAB_GPU_MEMORY_GB = (
+    float(os.environ["LAB_GPU_MEMORY_GB"]) if os.environ.get("LAB_GPU_MEMORY_GB") else None
+)
 # Where workers on one host lease their GPUs (lab/jobs/capacity.py): host-local.
 LAB_DEVICE_LOCK_DIR = os.environ.get("LAB_DEVICE_LOCK_DIR", "/tmp/moe-lab-gpus")
 # Runs over several workers (run.nodes > 1, lab/jobs/gang.py): the seconds a gang
