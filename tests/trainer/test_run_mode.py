@@ -86,8 +86,41 @@ def test_device_record_names_backends_and_fp8_mode():
     assert record["capability"] == "cpu"
     assert record["moe_backend"] == {"train": "grouped_mm", "rollout": "grouped_mm"}
     assert record["fp8_rollout"] == "emulated" and record["fp8_gemm_available"] is False
+    assert record["fp8_gemms"]["projections"] == record["fp8_gemms"]["experts"] == "emulated"
     dense = validate_config(apply_overrides(preset_dict("dense-grpo"), FAST))
     assert "moe_backend" not in device_record(dense, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "capability,mode,gemms,rollout_backend",
+    [
+        ((8, 0), "emulated", ("emulated", "emulated"), "padded"),  # A100
+        ((8, 9), "native-dense+emulated-experts", ("native", "emulated"), "padded"),  # L40
+        ((9, 0), "native", ("native", "native"), "scaled_grouped_mm"),  # H100 / H200
+    ],
+)
+def test_device_record_says_which_fp8_gemms_are_native(
+    monkeypatch, capability, mode, gemms, rollout_backend
+):
+    """Faked device properties: the record makes the engine's choice from the capability."""
+    monkeypatch.setattr("trainer.devices.run_mode.device_capability", lambda device: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "faked")
+    record = device_record(_cfg("rollout.precision=fp8"), torch.device("cuda"), torch.bfloat16)
+    assert record["capability"] == f"sm{capability[0]}{capability[1]}"
+    assert record["fp8_rollout"] == mode
+    assert record["fp8_gemms"] == {
+        "projections": gemms[0],
+        "experts": gemms[1],
+        "router": "bf16",
+        "lm_head": "bf16",
+    }
+    assert record["fp8_gemm_available"] is (capability >= (8, 9))
+    assert record["moe_backend"]["rollout"] == rollout_backend
+    dense = validate_config(
+        apply_overrides(preset_dict("dense-grpo"), [*FAST, "rollout.precision=fp8"])
+    )
+    dense_mode = device_record(dense, torch.device("cuda"), torch.bfloat16)["fp8_rollout"]
+    assert dense_mode == ("emulated" if capability < (8, 9) else "native")
 
 
 @pytest.mark.slow

@@ -28,3 +28,18 @@ def has_fp8_gemm(capability: tuple[int, int] | None) -> bool:
     """Whether ``torch._scaled_mm`` runs e4m3 GEMMs here: CUDA with capability >= 8.9
     (Ada, Hopper, Blackwell) and a torch that has the op."""
     return capability is not None and capability >= (8, 9) and hasattr(torch, "_scaled_mm")
+
+
+# Majors with torch's e4m3 grouped GEMM: ``torch._scaled_grouped_mm`` checks for
+# exactly these ("only supported on CUDA devices with compute capability = [9.0, 10.0]").
+_FP8_GROUPED_GEMM_MAJORS = (9, 10)
+
+
+def has_fp8_grouped_gemm(capability: tuple[int, int] | None) -> bool:
+    """Whether ``torch._scaled_grouped_mm`` runs e4m3 grouped GEMMs here: CUDA sm90
+    (Hopper) or sm100 (Blackwell datacenter), not sm89 nor sm120, and a torch that has it."""
+    return (
+        capability is not None
+        and capability[0] in _FP8_GROUPED_GEMM_MAJORS
+        and hasattr(torch, "_scaled_grouped_mm")
+    )

@@ -29,6 +29,7 @@ from trainer.config import ExperimentConfig
 from trainer.devices.capability import capability_label, device_capability, has_fp8_gemm
 from trainer.devices.dtypes import DTYPES
 from trainer.model.dispatch import choose_backend
+from trainer.rollout.fp8 import choose_fp8_plan
 
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 # The two settings cuBLAS documents as reproducible.
@@ -115,7 +116,8 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
     """What summary.json says about how the run used its device: the device and its
     capability, the numerics mode, the MoE backend of the training forward and of
     the rollout engine (trainer.model.dispatch.choose_backend: never a silent loop),
-    and whether fp8 rollouts run real e4m3 GEMMs or are emulated."""
+    and for fp8 rollouts which GEMMs run real e4m3 kernels and which are emulated
+    (trainer.rollout.fp8.choose_fp8_plan, the engine's own choice)."""
     capability = device_capability(device)
     record: dict[str, Any] = {
         "device": str(device),
@@ -132,7 +134,18 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
             "rollout": choose_backend("auto", device.type, engine_dtype, capability),
         }
     if cfg.rollout.precision == "fp8":
-        # trainer/rollout/numerics.py: e4m3-rounded operands, fp32 GEMMs, on every device.
-        record["fp8_rollout"] = "emulated"
+        # The engine's plan, from the same capability: "native",
+        # "native-dense+emulated-experts" or "emulated", and per GEMM group.
+        moe = bool(cfg.model.n_experts)
+        plan = choose_fp8_plan(device.type, capability)
+        record["fp8_rollout"] = plan.label(moe)
+        record["fp8_gemms"] = plan.gemms(moe)
         record["fp8_gemm_available"] = has_fp8_gemm(capability)
+        if moe:  # what the routed experts run on instead of engine_dtype's backend
+            record["moe_backend"]["rollout"] = (
+                "scaled_grouped_mm"
+                if plan.experts == "native"
+                # emulated experts: fp32 GEMMs on e4m3-rounded rows, whatever the storage
+                else choose_backend("auto", device.type, torch.float32, capability)
+            )
     return record

@@ -74,6 +74,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         moe_backend: str = "auto",
         router_noise: RouterNoise | None = None,
         stop_check_every: int = 8,
+        fp8_gemm: str = "auto",
     ):
         if stop_check_every < 1:
             raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
@@ -81,7 +82,9 @@ class RolloutEngine(EngineWeights, EngineForward):
         # The routing-only dose (trainer.rollout.router_noise): None or sigma 0 = off.
         self.router_noise = router_noise if router_noise and router_noise.active else None
         self.vocab_size = vocab_size
-        self.num = Numerics(precision, device)
+        # fp8_gemm: which fp8 GEMMs run real e4m3 kernels; "auto" decides by the
+        # device's capability (trainer.rollout.fp8), the others are for tests and benches.
+        self.num = Numerics(precision, device, fp8_gemm)
         self.device = self.num.device
         self.moe_backend = moe_backend
         # Decode steps between two checks whether every row stopped: the check
@@ -113,6 +116,12 @@ class RolloutEngine(EngineWeights, EngineForward):
     @property
     def precision(self) -> str:
         return self.num.precision
+
+    @property
+    def fp8_mode(self) -> str | None:
+        """Which fp8 GEMMs are native (``trainer.rollout.fp8.Fp8Plan.label``); None unless fp8."""
+        plan = self.num.fp8_plan
+        return None if plan is None else plan.label(moe=bool(self.cfg.n_experts))
 
     @property
     def n_moe_layers(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.model.dispatch import Dispatch, expert_counts, expert_matmul, resolve_backend
+from trainer.model.dispatch import Dispatch, expert_counts, resolve_backend
 from trainer.model.expert_parallel import run_on_owners
 from trainer.model.layers import (
     apply_rotary,
@@ -156,16 +156,18 @@ class EngineForward:
         gates = picked / picked.sum(-1, keepdim=True) if self.cfg.norm_topk_prob else picked
 
         shard = self.expert_shard
-        dispatch = self._dispatch(top, shard.n_experts if shard else layer.experts_gate_up.shape[0])
-        backend = resolve_backend(self.moe_backend, x)
-        xs = num.gemm_input(x.index_select(0, dispatch.token))
+        dispatch = self._dispatch(top, shard.n_experts if shard else layer.router.shape[0])
+        xs = num.expert_input(x.index_select(0, dispatch.token))
+        # Resolved on the rows the expert GEMMs get: under fp8 with emulated experts
+        # they are fp32 even where the engine stores bf16 (trainer.rollout.numerics).
+        backend = resolve_backend(self.moe_backend, xs)
 
         def experts(rows: torch.Tensor, groups: Dispatch) -> torch.Tensor:
-            gate, up = num.round_(
-                expert_matmul(rows, layer.experts_gate_up, groups, backend)
-            ).chunk(2, dim=-1)
-            hidden = num.gemm_input(num.round_(F.silu(gate).mul_(up)))
-            return num.round_(expert_matmul(hidden, layer.experts_down, groups, backend))
+            gate, up = num.expert_linear(rows, layer.experts_gate_up, groups, backend).chunk(
+                2, dim=-1
+            )
+            hidden = num.expert_input(num.round_(F.silu(gate).mul_(up)))
+            return num.expert_linear(hidden, layer.experts_down, groups, backend)
 
         ys = (
             experts(xs, dispatch)

@@ -3,7 +3,10 @@
 Each RL step the engine takes the training weights, rounds them once to its
 precision (``trainer.rollout.numerics``) and re-lays them out: attention's
 q, k, v in one matrix, the experts' gate and up projections fused on the last
-dim for one grouped matmul. ``EngineLayer`` holds one block; ``EngineWeights``
+dim for one grouped matmul. Under fp8 with native GEMMs the projection and
+expert weights are e4m3 in the layout torch's scaled GEMMs read
+(``trainer.rollout.fp8``: ``Fp8Weight``, ``Fp8Experts``); the shape comments
+below give the logical shapes. ``EngineLayer`` holds one block; ``EngineWeights``
 is the engine's loading half (mixed into ``RolloutEngine``).
 """
 
@@ -13,14 +16,20 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.rollout.fp8 import Fp8Experts, Fp8Weight
+
+# A projection's weight: a tensor, or e4m3 data and scale under native fp8.
+Proj = torch.Tensor | Fp8Weight
+Experts = torch.Tensor | Fp8Experts
+
 
 @dataclass
 class EngineLayer:
     """One transformer block in the engine's layout and precision (shapes per field)."""
 
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # ((H + 2 Hkv) hd, D): queries, keys, values
-    wo: torch.Tensor  # (D, H hd)
+    wqkv: Proj  # ((H + 2 Hkv) hd, D): queries, keys, values
+    wo: Proj  # (D, H hd)
     ffn_norm: torch.Tensor
     # Hugging Face attention features (docs/models.md); None when absent
     qkv_bias: torch.Tensor | None = None  # ((H + 2 Hkv) hd,)
@@ -28,18 +37,18 @@ class EngineLayer:
     q_norm: torch.Tensor | None = None  # (hd,) or (H hd,) per cfg.qk_norm
     k_norm: torch.Tensor | None = None  # (hd,) or (Hkv hd,)
     # dense FFN
-    w_gate: torch.Tensor | None = None  # (H, D)
-    w_up: torch.Tensor | None = None  # (H, D)
-    w_down: torch.Tensor | None = None  # (D, H)
+    w_gate: Proj | None = None  # (H, D)
+    w_up: Proj | None = None  # (H, D)
+    w_down: Proj | None = None  # (D, H)
     # MoE
     router: torch.Tensor | None = None  # (E, D)
     selection_bias: torch.Tensor | None = None  # (E,) fp32
     router_temperature: float = 1.0
-    experts_gate_up: torch.Tensor | None = None  # (E, D, 2H) fused for one grouped matmul
-    experts_down: torch.Tensor | None = None  # (E, H, D)
-    shared_gate: torch.Tensor | None = None
-    shared_up: torch.Tensor | None = None
-    shared_down: torch.Tensor | None = None
+    experts_gate_up: Experts | None = None  # (E, D, 2H) fused for one grouped matmul
+    experts_down: Experts | None = None  # (E, H, D)
+    shared_gate: Proj | None = None
+    shared_up: Proj | None = None
+    shared_down: Proj | None = None
     shared_expert_gate: torch.Tensor | None = None  # (1, D): sigmoid gate of the shared expert
     # Precomputed at load so the per-token router skips exact no-ops
     # (x / 1.0 and x + 0.0 change no value and no top-k order).
@@ -60,8 +69,12 @@ class EngineWeights:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the training model's ``state_dict()``: round once to this
         engine's precision and re-lay out (fuse the experts' gate|up)."""
-        w, g = self.num.weight, self.num.gemm_weight  # g: projection GEMMs (e4m3 under fp8)
+        w = self.num.weight
         sd = state_dict
+
+        def g(key: str):  # a projection GEMM's weight (e4m3 under fp8)
+            return self.num.gemm_weight(sd[key], key)
+
         self.tok_emb = w(sd["tok_emb.weight"])
         self.pos_emb = w(sd["pos_emb.weight"]) if self.cfg.positional == "learned" else None
         self.norm_f = w(sd["norm_f.weight"])
@@ -72,8 +85,8 @@ class EngineWeights:
             p = f"blocks.{i}."
             layer = EngineLayer(
                 attn_norm=w(sd[p + "attn_norm.weight"]),
-                wqkv=g(sd[p + "attn.qkv.weight"]),
-                wo=g(sd[p + "attn.proj.weight"]),
+                wqkv=g(p + "attn.qkv.weight"),
+                wo=g(p + "attn.proj.weight"),
                 ffn_norm=w(sd[p + "ffn_norm.weight"]),
             )
             self._load_attention_extras(layer, sd, p)
@@ -90,22 +103,25 @@ class EngineWeights:
                 if self.num.fp8:
                     # One fp8 scale per expert for gate and for up (two checkpoint tensors),
                     # then fused.
-                    layer.experts_gate_up = torch.cat((g(gate), g(up)), dim=2)
+                    gate_up = p + "ffn.experts.w_gate|w_up"
+                    layer.experts_gate_up = self.num.expert_weights(gate_up, gate, up)
+                    down = p + "ffn.experts.w_down"
+                    layer.experts_down = self.num.expert_weights(down, sd[down])
                 else:
                     layer.experts_gate_up = self._fused_gate_up(
                         previous[i].experts_gate_up if i < len(previous) else None, gate, up
                     )
-                layer.experts_down = g(sd[p + "ffn.experts.w_down"])
+                    layer.experts_down = w(sd[p + "ffn.experts.w_down"])
                 if p + "ffn.shared.w_gate.weight" in sd:
-                    layer.shared_gate = g(sd[p + "ffn.shared.w_gate.weight"])
-                    layer.shared_up = g(sd[p + "ffn.shared.w_up.weight"])
-                    layer.shared_down = g(sd[p + "ffn.shared.w_down.weight"])
+                    layer.shared_gate = g(p + "ffn.shared.w_gate.weight")
+                    layer.shared_up = g(p + "ffn.shared.w_up.weight")
+                    layer.shared_down = g(p + "ffn.shared.w_down.weight")
                 if p + "ffn.shared_gate.weight" in sd:
                     layer.shared_expert_gate = w(sd[p + "ffn.shared_gate.weight"])
             else:
-                layer.w_gate = g(sd[p + "ffn.w_gate.weight"])
-                layer.w_up = g(sd[p + "ffn.w_up.weight"])
-                layer.w_down = g(sd[p + "ffn.w_down.weight"])
+                layer.w_gate = g(p + "ffn.w_gate.weight")
+                layer.w_up = g(p + "ffn.w_up.weight")
+                layer.w_down = g(p + "ffn.w_down.weight")
             self.layers.append(layer)
         self.loaded = True
 
