@@ -10,6 +10,8 @@ KV cache, so the numbers differ the way an inference engine's do. Mixed into
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -273,6 +275,45 @@ class EngineForward:
         the query may attend and -inf elsewhere (adding 0 or -inf gives
         exactly what ``masked_fill`` gives). routing_out: (L_moe, B, k) view
         for the natural top-k, or None. Returns fp32 logits (B, V).
+
+        The cache is read up to column ``col`` (a slice that grows per token);
+        ``trainer.rollout.static_decode`` runs the same loop over the whole
+        cache width for a compiler or a CUDA graph.
+        """
+        keys, values = self._cache
+        end = col + 1
+        slide_bias = None
+        if self.cfg.sliding_window is not None:
+            # transformers' sliding window: a query at column q sees columns > q - window
+            slide_bias = key_bias.clone()
+            slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor):
+            keys[i, :, :, col] = k
+            values[i, :, :, col] = v
+            bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
+            return keys[i, :, :, :end], values[i, :, :, :end], bias
+
+        def store_routing(moe_i: int, top: torch.Tensor) -> None:
+            routing_out[moe_i] = top
+
+        return self._decode_layers(
+            token, position, kv, None if routing_out is None else store_routing
+        )
+
+    def _decode_layers(
+        self,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        kv: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+        store_routing: Callable[[int, torch.Tensor], None] | None,
+    ) -> torch.Tensor:
+        """The decode step's layers for one new token per row; fp32 logits (B, V).
+
+        kv(i, k, v): writes layer i's new key and value (B, Hkv, hd) into the cache
+        and returns what the query attends over: keys, values (B, Hkv, S, hd) and
+        the additive bias broadcastable to (B, Hkv, g, S). store_routing(m, top):
+        records MoE layer m's natural top-k (B, k).
         """
         num = self.num
         b = token.shape[0]
@@ -286,13 +327,6 @@ class EngineForward:
             angles = self._decode_angles(position)  # (B, 2, hd)
             cos = angles[:, 0].view(b, 1, 1, head_dim)
             sin = angles[:, 1].view(b, 1, 1, head_dim)
-        keys, values = self._cache
-        end = col + 1
-        slide_bias = None
-        if self.cfg.sliding_window is not None:
-            # transformers' sliding window: a query at column q sees columns > q - window
-            slide_bias = key_bias.clone()
-            slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
         scale = head_dim**-0.5
         moe_i = 0
         for i, layer in enumerate(self.layers):
@@ -308,24 +342,22 @@ class EngineForward:
                 if cos is not None:
                     q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], head_dim))
                     k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], head_dim))
-            keys[i, :, :, col] = k
-            values[i, :, :, col] = v
+            keys, values, bias = kv(i, k, v)
             # Single-query attention by hand: for one query SDPA's blocked CPU
             # kernel costs more than these few small ops. Grouped-query: the g
             # query heads of key head j are rows of one (g, hd) @ (hd, S) product.
             q = q.reshape(b, n_kv, groups, head_dim)
-            scores = (q @ keys[i, :, :, :end].transpose(-1, -2)) * scale  # (B, Hkv, g, S)
-            bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
+            scores = (q @ keys.transpose(-1, -2)) * scale  # (B, Hkv, g, S)
             weights = (scores.float() + bias).softmax(-1)
-            y = num.round_(weights.to(values.dtype) @ values[i, :, :, :end])  # (B, Hkv, g, hd)
+            y = num.round_(weights.to(values.dtype) @ values)  # (B, Hkv, g, hd)
             y = y.view(b, n_heads * head_dim)
             x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
                 y, top = self._moe(h, layer)
-                if routing_out is not None:
-                    routing_out[moe_i] = top
+                if store_routing is not None:
+                    store_routing(moe_i, top)
                 moe_i += 1
             else:
                 y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)

@@ -16,8 +16,9 @@ width S:
 * sliding windows mask in-graph (columns <= col - window), as ``_decode``
   masks by slicing.
 
-Same formulas and the same rounding as ``_decode``; a GEMM over more columns
-may block its sums differently, so logits agree to float rounding, not bit for
+The layers are the engine's own decode loop (``EngineForward._decode_layers``);
+only the cache access differs. A GEMM over more columns may block its sums
+differently, so logits agree to float rounding, not bit for
 bit (tests/trainer/test_static_decode.py bounds it). Compiled-vs-eager timings
 on the CPU: bench/bench_decode_compile.py, docs/benchmarks.md.
 """
@@ -28,8 +29,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-
-from trainer.rollout.forward import _rotate
 
 if TYPE_CHECKING:
     from trainer.rollout.engine import RolloutEngine
@@ -62,62 +61,26 @@ def decode_static(
     columns after ``col`` are masked here); routing_out: (L_moe, B, S, k) buffer
     for the natural top-k (column ``col`` written), or None.
     """
-    num = engine.num
-    cfg = engine.cfg
-    b = token.shape[0]
-    n_heads, n_kv, head_dim = engine.n_heads, engine.n_kv_heads, engine.head_dim
-    groups = n_heads // n_kv
     keys, values = engine._cache  # (L, B, Hkv, S, hd)
     columns = torch.arange(keys.shape[3], device=token.device)
     bias = key_bias.masked_fill(columns > col, float("-inf"))[:, None, None, :]  # (B,1,1,S)
     slide_bias = None
-    if cfg.sliding_window is not None:
+    window = engine.cfg.sliding_window
+    if window is not None:
         # transformers' sliding window: a query at column q sees columns > q - window
-        slide_bias = bias.masked_fill(columns <= col - cfg.sliding_window, float("-inf"))
-    x = engine.tok_emb[token]  # (B, D)
-    cos = sin = None
-    if engine.pos_emb is not None:
-        x = num.round_(x + engine.pos_emb[position])
-    else:
-        angles = engine._decode_angles(position)  # (B, 2, hd)
-        cos = angles[:, 0].view(b, 1, 1, head_dim)
-        sin = angles[:, 1].view(b, 1, 1, head_dim)
-    scale = head_dim**-0.5
-    moe_i = 0
-    for i, layer in enumerate(engine.layers):
-        h = num.round_(engine._norm(x, layer.attn_norm))
-        if engine.joint_qk:
-            qkv = engine._linear_bias(h, layer.wqkv, layer.qkv_bias).view(b, 3, n_heads, head_dim)
-            qk = qkv[:, :2]
-            if cos is not None:
-                qk = num.round_(_rotate(qk, cos, sin, head_dim))
-            q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
-        else:
-            q, k, v = (z[:, 0] for z in engine._qkv(h[:, None], layer, b, 1))
-            if cos is not None:
-                q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], head_dim))
-                k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], head_dim))
+        slide_bias = bias.masked_fill(columns <= col - window, float("-inf"))
+
+    def kv(i: int, k: torch.Tensor, v: torch.Tensor):
         keys[i].index_copy_(2, col, k[:, :, None].to(keys.dtype))
         values[i].index_copy_(2, col, v[:, :, None].to(values.dtype))
-        q = q.reshape(b, n_kv, groups, head_dim)
-        scores = (q @ keys[i].transpose(-1, -2)) * scale  # (B, Hkv, g, S)
-        layer_bias = slide_bias if cfg.uses_sliding_window(i) else bias
-        weights = (scores.float() + layer_bias).softmax(-1)
-        y = num.round_(weights.to(values.dtype) @ values[i])  # (B, Hkv, g, hd)
-        y = y.view(b, n_heads * head_dim)
-        x = num.round_(x + engine._linear_bias(y, layer.wo, layer.wo_bias))
+        return keys[i], values[i], slide_bias if engine.cfg.uses_sliding_window(i) else bias
 
-        h = num.round_(engine._norm(x, layer.ffn_norm))
-        if layer.is_moe:
-            y, top = engine._moe(h, layer)
-            if routing_out is not None:
-                routing_out[moe_i].index_copy_(1, col, top[:, None].to(routing_out.dtype))
-            moe_i += 1
-        else:
-            y = engine._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
-        x = num.round_(x + y)
-    h = num.round_(engine._norm(x, engine.norm_f))
-    return num.linear(h, engine.lm_head, fp8=False).float()
+    def store_routing(moe_i: int, top: torch.Tensor) -> None:
+        routing_out[moe_i].index_copy_(1, col, top[:, None].to(routing_out.dtype))
+
+    return engine._decode_layers(
+        token, position, kv, None if routing_out is None else store_routing
+    )
 
 
 def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeStep:
