@@ -84,6 +84,16 @@ class ExperimentConfig(Section):
                 "pi_rollout in the ratio's denominator: the engine gap would be corrected "
                 "twice; use behavior_logprobs='train' with an IS correction, or kind='none'"
             )
+        if self.rollout.decode == "compiled":
+            problem = None
+            if not self.rollout.kv_cache:
+                problem = "needs rollout.kv_cache=true (it is a cached decode step)"
+            elif self.rollout.precision == "fp8":
+                problem = "is not built for fp8 rollouts yet; use decode='eager'"
+            elif self.parallel.expert_parallel > 1:
+                problem = "cannot hold expert parallelism's all-to-all in a graph"
+            if problem:
+                raise ValueError(f"rollout.decode: 'compiled' {problem}")
         self._check_parallel()
         return self
 

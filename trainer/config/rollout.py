@@ -14,8 +14,9 @@ class RolloutConfig(Section):
         "bf16",
         description="Rollout engine precision. On CPU bf16/fp16 are emulated by rounding "
         "weights and activations around fp32 matmuls (as GPU GEMMs with fp32 accumulation). "
-        "fp8: e4m3 weights and GEMM inputs with per-tensor scales, bf16 elsewhere (always "
-        "emulated; trainer/rollout/numerics.py).",
+        "fp8: e4m3 weights and GEMM inputs with per-tensor scales, bf16 elsewhere: real e4m3 "
+        "GEMMs where the GPU has them (sm89 projections, sm90 also the experts), emulated "
+        "elsewhere; summary.json says which (trainer/rollout/fp8.py).",
     )
     prompts_per_step: int = Field(
         16, ge=1, le=65536, description="Prompts per RL step (before the batch-size ramp)."
@@ -27,6 +28,16 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass; 1 = off.")
     kv_cache: bool = Field(True, description="Decode with a KV cache (off = full recompute).")
+    decode: Literal["eager", "compiled"] = Field(
+        "eager",
+        description="eager: the engine's decode step as written. compiled: a fixed-shape "
+        "step (attention over the whole KV cache, the mask doing the work; "
+        "trainer/rollout/static_decode.py) under torch.compile, one graph for every token: "
+        "captured as a CUDA graph on CUDA (mode reduce-overhead), inductor's C++ code on "
+        "the CPU. Compiling costs tens of seconds once per process; an engine that "
+        "stores fp32 runs its experts on the padded backend (grouped_mm compiles for "
+        "bf16 only). Needs kv_cache; not with fp8 rollouts or expert parallelism.",
+    )
     router_noise: float = Field(
         0.0,
         ge=0.0,

@@ -126,12 +126,17 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
         "deterministic": cfg.run.deterministic,
         "tf32": cfg.run.tf32,
         "timings": "synchronised at phase boundaries" if device.type == "cuda" else "eager",
+        # the decode step: eager, or compiled (a CUDA graph on CUDA; trainer.rollout.static_decode)
+        "decode": cfg.rollout.decode,
     }
     if cfg.model.n_experts:
         train_dtype = DTYPES[cfg.optim.param_dtype]
+        rollout = choose_backend("auto", device.type, engine_dtype, capability)
+        if cfg.rollout.decode == "compiled" and engine_dtype != torch.bfloat16:
+            rollout = "padded"  # the engine's choice: grouped_mm compiles for bf16 only
         record["moe_backend"] = {
             "train": choose_backend("auto", device.type, train_dtype, capability),
-            "rollout": choose_backend("auto", device.type, engine_dtype, capability),
+            "rollout": rollout,
         }
     if cfg.rollout.precision == "fp8":
         # The engine's plan, from the same capability: "native",

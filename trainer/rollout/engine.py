@@ -36,6 +36,7 @@ from trainer.rollout.sampling import (
     sampling_stream,
     scaled_logprobs,
 )
+from trainer.rollout.static_decode import compiled_decode, zero_cache
 from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
@@ -75,6 +76,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         router_noise: RouterNoise | None = None,
         stop_check_every: int = 8,
         fp8_gemm: str = "auto",
+        decode: str = "eager",
     ):
         if stop_check_every < 1:
             raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
@@ -86,6 +88,14 @@ class RolloutEngine(EngineWeights, EngineForward):
         # device's capability (trainer.rollout.fp8), the others are for tests and benches.
         self.num = Numerics(precision, device, fp8_gemm)
         self.device = self.num.device
+        if decode not in ("eager", "compiled"):
+            raise ValueError(f"decode must be 'eager' or 'compiled', not {decode!r}")
+        # rollout.decode: "compiled" decodes with the fixed-shape step under
+        # torch.compile (trainer.rollout.static_decode), built at the first rollout.
+        self.decode = decode
+        self._compiled_step = None
+        if decode == "compiled" and moe_backend == "auto" and self.num.dtype != torch.bfloat16:
+            moe_backend = "padded"  # torch._grouped_mm compiles for bf16 operands only
         self.moe_backend = moe_backend
         # Decode steps between two checks whether every row stopped: the check
         # reads a flag on the host (a sync); between checks the loop runs on
@@ -232,10 +242,15 @@ class RolloutEngine(EngineWeights, EngineForward):
         tokens, mask = self._prompt_buffers(prompt_tokens, prompt_mask, total, pad_id)
         prompt_valid = mask[:, :p]
         routing = self._routing_buffer(b, total)
+        compiled = use_kv_cache and self.decode == "compiled"
         if use_kv_cache:
             self._static_cache(b, total)
             if self.pos_emb is None:
                 self._rope_table(total)
+            if compiled:
+                zero_cache(self)  # whole-width attention reads every column: finite
+                if self._compiled_step is None:
+                    self._compiled_step = compiled_decode(self, _compile_mode(self.device))
 
         # Prefill: every prompt position at once (prompt log-probs need all logits).
         logits = self._forward(
@@ -285,13 +300,19 @@ class RolloutEngine(EngineWeights, EngineForward):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
             if use_kv_cache:
-                next_logits = self._decode(
-                    tokens[:, col],
-                    n_real,
-                    col,
-                    key_bias[:, None, None, : col + 1],
-                    None if routing is None else routing[:, :, col],
-                )
+                if compiled:  # the fixed-shape step: the whole cache, the column as data
+                    col_t = torch.tensor([col], device=self.device)
+                    next_logits = self._compiled_step(
+                        tokens[:, col], n_real, col_t, key_bias, routing
+                    )
+                else:
+                    next_logits = self._decode(
+                        tokens[:, col],
+                        n_real,
+                        col,
+                        key_bias[:, None, None, : col + 1],
+                        None if routing is None else routing[:, :, col],
+                    )
                 # Later queries see this column only where the token is real.
                 if alive is None:
                     n_real += 1
@@ -399,3 +420,9 @@ def prompt_logprobs(
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     out[:, 1:] = picked * valid
     return out
+
+
+def _compile_mode(device: torch.device) -> str | None:
+    """CUDA: "reduce-overhead" (the step captured as a CUDA graph and replayed per
+    token); the CPU: the default mode (no graphs there)."""
+    return "reduce-overhead" if device.type == "cuda" else None

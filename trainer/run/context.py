@@ -235,6 +235,7 @@ def build_context(
             vocab_size,
             precision=cfg.rollout.precision,
             device=device,
+            decode=cfg.rollout.decode,
             router_noise=build_router_noise(cfg, device, generators),
         ),
         # Builds the run's Stabilizers too (after the reference copy: noisy gating adds
