@@ -51,8 +51,9 @@ def experiment_keys(moe: bool) -> list[str]:
     ]
 
 
-# Keys a chart endpoint accepts: the metric-key alphabet of the platform's API.
-METRIC_KEY_RE = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
+# Keys a chart endpoint accepts: the metric-key alphabet of the platform's API (MLflow's
+# metric names: spaces and colons too), up to the metric store's 200-character key.
+METRIC_KEY_RE = re.compile(r"^[A-Za-z0-9_./: -]{1,200}$")
 
 
 def is_moe(config: Mapping[str, Any] | None) -> bool:

@@ -181,9 +181,56 @@ def test_expert_load_scalars_become_the_lab_vector(ml, exp_id):
     assert MetricStep.objects.get(run_id=int(run_id), step=0).values == {
         "experts/load/L1": [0.25, 0.25, 0.25, 0.25]
     }
-    assert Run.objects.get(pk=int(run_id)).config["model"] == {"n_experts": 4, "n_layers": 2}
+    assert Run.objects.get(pk=int(run_id)).config["model"] == {
+        "n_experts": 4, "n_layers": 2, "dense_layers": [0]
+    }  # fmt: skip
     steps, values = _series(run_id, ["experts/load/L1"]).series["experts/load/L1"]
     assert list(steps) == [0] and list(values[0]) == [0.25] * 4
+
+
+def test_the_layers_that_log_no_expert_load_are_the_dense_ones(ml, exp_id, user):
+    """A Qwen3-MoE with a dense layer 1 (``mlp_only_layers``) logs the load of layers 0
+    and 2: layer 1 is dense, so the layer pickers offer 0 and 2 only; a layer whose
+    load comes in a later batch stops being dense, and a retried batch changes nothing."""
+    from dashboard.panels import moe_layers
+
+    run_id = ml.run(exp_id)
+    layer2 = [_metric(f"experts/load/L2/e{e}", 0.5, 1) for e in range(2)]
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": layer2})
+    assert Run.objects.get(pk=int(run_id)).config["model"]["dense_layers"] == [0, 1]
+    layer0 = [_metric(f"experts/load/L0/e{e}", 0.5, 1) for e in range(2)]
+    for _ in range(2):
+        ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": layer0})
+    config = Run.objects.get(pk=int(run_id)).config
+    assert config["model"] == {"n_experts": 2, "n_layers": 3, "dense_layers": [1]}
+    assert moe_layers(config) == [0, 2]
+    browser = Client()
+    browser.force_login(user)
+    html = browser.get(f"/runs/{run_id}/").content.decode()
+    picker = html.split("data-layer-picker")[1].split("</select>")[0]
+    assert 'value="0"' in picker and 'value="2"' in picker and 'value="1"' not in picker
+
+
+def test_mlflow_metric_names_with_spaces_and_colons_are_read_and_charted(ml, exp_id, user, api):
+    """TRL times its phases through MLflow as ``profiling/Time taken: GRPOTrainer.<phase>``
+    (trl/extras/profiling.py): MLflow's name alphabet has spaces and colons, so the
+    metrics API and the chart endpoints read such a name (dots too) as it was logged."""
+    name = "profiling/Time taken: GRPOTrainer.transformers.generate"
+    run_id = ml.run(exp_id, tags={"lab.framework": "trl"})
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+        _metric(name, 0.5 + s, s) for s in range(3)]})  # fmt: skip
+    body = api.get(f"/api/runs/{run_id}/metrics", {"keys": f"{name},reward/mean"}).json()
+    assert body["steps"] == [0, 1, 2] and body["series"][name] == [0.5, 1.5, 2.5]
+    assert name in api.get(f"/api/runs/{run_id}/metrics").json()["available_keys"]
+    browser = Client()
+    browser.force_login(user)
+    chart = browser.get(f"/runs/{run_id}/chart", {"key": name, "format": "csv"})
+    assert chart.status_code == 200 and "2.5" in chart.content.decode()
+    compared = browser.get("/compare/charts", {"runs": run_id, "keys": name})
+    assert compared.status_code == 200 and name in compared.json()["charts"]
+    for bad in ('a"b', "a,b!", "x" * 201):
+        refused = api.get(f"/api/runs/{run_id}/metrics", {"keys": bad})
+        assert refused.status_code == 400, bad
 
 
 def test_a_collapsing_run_is_detected_when_it_ends(ml, exp_id):

@@ -39,7 +39,9 @@ from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
 
-METRIC_KEY = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
+# MLflow's metric-name alphabet (spaces and colons too: TRL's "profiling/Time taken: ..."),
+# up to the metric store's 200-character key.
+METRIC_KEY = re.compile(r"^[A-Za-z0-9_./: -]{1,200}$")
 MAX_METRIC_KEYS = 64
 DEFAULT_MAX_POINTS = 1000  # per key, when the client does not say
 

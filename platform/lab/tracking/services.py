@@ -34,7 +34,7 @@ from lab.experiments.models import Experiment
 from lab.experiments.rights import can_queue
 from lab.experiments.services import create_experiment as create_lab_experiment
 from lab.runs.metrics.columns import chunk_of
-from lab.runs.metrics.seal import lock_run, seal_metrics, unseal_from
+from lab.runs.metrics.seal import lock_run, seal_metrics
 from lab.runs.models import FINAL_STATUSES, MetricStep, Run, RunOrigin, RunStatus
 from lab.tracking import metric_map
 from lab.tracking.errors import (
@@ -46,6 +46,7 @@ from lab.tracking.errors import (
 )
 from lab.tracking.models import TrackedRun
 from lab.tracking.payload import Point
+from lab.tracking.points import store_points
 from trainer import metric_keys as mk
 from trainer.analysis.collapse import detect_from_rows
 from trainer.config import CollapseConfig
@@ -333,7 +334,7 @@ def log_batch(
             tracked.tags.update(dict(tags))
             if _known(tracked.tags.get(FRAMEWORK_TAG)):
                 run.source = {**run.source, "framework": tracked.tags[FRAMEWORK_TAG]}
-        stored = _store_points(run, tracked, list(metrics)) if metrics else 0
+        stored = store_points(run, tracked, list(metrics)) if metrics else 0
         run.save(update_fields=["config", "source", "current_step", "total_steps"])
         tracked.save()
         sealed_before = run.metric_chunks_sealed
@@ -386,76 +387,6 @@ def _log_params(run: Run, params: list[tuple[str, str]]) -> None:
                 f"new value '{value}'."
             )
         stored[key] = value
-
-
-def _store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
-    """Merge ``points`` into the run's metric rows (the caller holds the run's lock)."""
-    framework = run.source.get("framework", "")
-    if not framework:
-        framework = metric_map.detect_framework({p.key for p in points})
-        if framework:
-            run.source = {**run.source, "framework": framework}
-    # One value per (step, stored key): the later timestamp wins, then the later point.
-    chosen: dict[tuple[int, str], Point] = {}
-    stored_keys: dict[str, str] = {}
-    for p in points:
-        stored_key = stored_keys.get(p.key)
-        if stored_key is None:
-            stored_key = stored_keys[p.key] = metric_map.lab_key(p.key, framework)
-            if stored_key != p.key:
-                tracked.stored_as[p.key] = stored_key
-        slot_key = (p.step, stored_key)
-        if slot_key not in chosen or p.timestamp >= chosen[slot_key].timestamp:
-            chosen[slot_key] = p
-        latest = tracked.latest_metrics.get(p.key)
-        if latest is None or (p.step, p.timestamp) >= (latest[2], latest[1]):
-            tracked.latest_metrics[p.key] = [p.value, p.timestamp, p.step]
-    by_step: dict[int, dict[str, float | None]] = {}
-    for (step, key), p in chosen.items():
-        by_step.setdefault(step, {})[key] = p.value
-    existing = dict(
-        MetricStep.objects.filter(run_id=run.pk, step__in=list(by_step)).values_list(
-            "step", "values"
-        )
-    )
-    model = run.config.setdefault("model", {})
-    slots = {key: metric_map.vector_slot(key) for key in set(stored_keys.values())}
-    rows = []
-    for step, values in by_step.items():
-        before = existing.get(step)
-        merged = dict(before or {})
-        for key, value in values.items():
-            slot = slots[key]
-            if slot is None:
-                merged[key] = value
-                continue
-            vector_key, index = slot
-            vector = list(merged.get(vector_key) or [])
-            vector += [None] * (index + 1 - len(vector))
-            vector[index] = value
-            merged[vector_key] = vector
-            # the model facts the expert-load heatmaps need, from what the run logs
-            layer = int(vector_key[len(mk.EXPERTS_LOAD_PREFIX) :])
-            model["n_experts"] = max(int(model.get("n_experts") or 0), len(vector))
-            model["n_layers"] = max(int(model.get("n_layers") or 0), layer + 1)
-        if merged != before:  # a retried batch changes nothing and writes nothing
-            rows.append(MetricStep(run_id=run.pk, step=step, values=merged))
-    if not rows:
-        return len(chosen)
-    MetricStep.objects.bulk_create(
-        rows,
-        update_conflicts=True,
-        unique_fields=["run", "step"],
-        update_fields=["values"],
-        batch_size=1000,
-    )
-    first = chunk_of(min(row.step for row in rows))
-    if first < run.metric_chunks_sealed:
-        unseal_from(run.pk, first)
-        run.metric_chunks_sealed = first
-    run.current_step = max(run.current_step, max(by_step) + 1)
-    run.total_steps = max(run.total_steps, run.current_step)
-    return len(chosen)
 
 
 def _outcome(run: Run, tracked: TrackedRun) -> dict[str, Any]:

@@ -94,7 +94,9 @@ def metric_keys(run_id: int) -> list[str]:
 # "Infinity" to +inf, and no stored value can be infinite (JSON has no
 # infinity, and the trainer writes null for NaN/inf: trainer/run/files.py).
 _MISSING = "Infinity"
-_SAFE_KEY = re.compile(r"[A-Za-z0-9_./:-]+")
+# MLflow's metric-name alphabet; never a double quote (SQLite reads a key as the JSON path
+# $."key") nor a comma (the API's key lists).
+_SAFE_KEY = re.compile(r"[A-Za-z0-9_./: -]+")
 
 
 @dataclass
