@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.runs.metrics.columns import chunk_of
-from lab.runs.metrics.seal import unseal_from
+from lab.runs.metrics.ingest import upsert_steps
 from lab.runs.models import MetricStep, Run
 from lab.tracking import metric_map
 from lab.tracking.models import TrackedRun
@@ -72,17 +71,7 @@ def store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
             rows.append(MetricStep(run_id=run.pk, step=step, values=merged))
     if not rows:
         return len(chosen)
-    MetricStep.objects.bulk_create(
-        rows,
-        update_conflicts=True,
-        unique_fields=["run", "step"],
-        update_fields=["values"],
-        batch_size=1000,
-    )
-    first = chunk_of(min(row.step for row in rows))
-    if first < run.metric_chunks_sealed:
-        unseal_from(run.pk, first)
-        run.metric_chunks_sealed = first
+    run.metric_chunks_sealed = upsert_steps(run.pk, rows, run.metric_chunks_sealed)
     run.current_step = max(run.current_step, max(by_step) + 1)
     run.total_steps = max(run.total_steps, run.current_step)
     return len(chosen)

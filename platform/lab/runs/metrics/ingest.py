@@ -55,17 +55,26 @@ def ingest_metrics(
     with transaction.atomic():
         _, sealed = lock_run(run_id)
         _check_attempt(run_id, attempt)
-        MetricStep.objects.bulk_create(
-            rows,
-            update_conflicts=True,
-            unique_fields=["run", "step"],
-            update_fields=["values"],
-            batch_size=1000,
-        )
-        first = chunk_of(min(by_step))
-        if first < sealed:
-            unseal_from(run_id, first)
+        upsert_steps(run_id, rows, sealed)
     return len(rows)
+
+
+def upsert_steps(run_id: int, rows: list[MetricStep], sealed: int) -> int:
+    """Insert these step rows or replace the stored ones (the caller holds the run's
+    lock, ``lock_run``) and unseal the chunks from the first one they touch; returns
+    the run's count of sealed chunks after (``sealed`` before)."""
+    MetricStep.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["run", "step"],
+        update_fields=["values"],
+        batch_size=1000,
+    )
+    first = chunk_of(min(row.step for row in rows))
+    if first < sealed:
+        unseal_from(run_id, first)
+        return first
+    return sealed
 
 
 def drop_metrics_after(run_id: int, last_step: int, *, attempt: int | None = None) -> int:
