@@ -5,12 +5,15 @@ parameters a token uses stay the same while the total grows with the expert
 count. One RL step = weight sync into the rollout engine + rollout + the
 measurement forward + the update (minibatches), on a fixed prompt batch, without
 the warm start. "before" runs the update with the per-parameter (for-loop) AdamW,
-"after" with the fused AdamW the trainer now builds. All
-configurations are timed interleaved in one process (shared-machine noise hits
-each alike); ratios are to the 8-expert model of the same depth.
-``total_param_floor_ms`` is the part of a step that follows the total parameter
-count at any batch size (AdamW, the clipping norm, every gradient buffer, per
-minibatch), measured on its own: the floor under what more experts cost.
+"after" with the fused AdamW the trainer now builds.
+
+All configurations are timed in paired rounds (bench.common): each round runs
+every configuration once, in a seeded random order, wall and thread CPU time;
+a ratio is the median over rounds of the per-round ratio to the 8-expert model
+of the same depth and optimiser, with its order-statistic 95% interval. On a
+loaded machine trust the CPU-time columns. Where the extra cost goes (the
+total-parameter floor, AdamW variants, the per-expert GEMMs):
+bench/bench_expert_cost.py.
 
     .venv/bin/python -m bench.bench_active_params [--experts 8 16 32 64] [--layers 2 8]
 """
@@ -19,12 +22,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
 
-from bench.common import environment, print_table, write_results
+from bench.common import (
+    Rounds,
+    Stopwatch,
+    Timing,
+    print_table,
+    round_orders,
+    set_threads,
+    write_results,
+)
 from trainer.config import ExperimentConfig
 from trainer.rollout import RolloutEngine
 from trainer.rollout.data import RolloutData
@@ -32,6 +41,17 @@ from trainer.run.measure_step import measure_batch
 from trainer.run.update import PolicyUpdater
 
 VOCAB = 32
+PARTS = ("step", "sync", "optim")
+
+
+def add_step_args(parser: argparse.ArgumentParser) -> None:
+    """The model and batch options shared with bench_expert_cost."""
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--expert-hidden", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=1)
 
 
 class Step:
@@ -67,12 +87,13 @@ class Step:
         self.prompts = torch.randint(3, VOCAB, (b, 8), generator=gen)
         self.prompt_mask = torch.ones(b, 8, dtype=torch.bool)
         self.n_params = sum(p.numel() for p in self.policy.parameters())
-        self.parts: dict[str, list[float]] = {"sync": [], "step": [], "optim": []}
+        self.parts: dict[str, list[Timing]] = {part: [] for part in PARTS}
 
-    def run(self) -> None:
-        t0 = time.perf_counter()
+    def run(self) -> Timing:
+        """One step; appends its whole, weight-sync and optimiser times to ``parts``."""
+        whole = Stopwatch()
         self.engine.load_weights(self.policy.state_dict())
-        t_sync = time.perf_counter()
+        sync = whole.elapsed()
         rollout = self.engine.generate(
             self.prompts, self.prompt_mask, max_new_tokens=self.cfg.rollout.max_new_tokens,
             generator=torch.Generator().manual_seed(0),
@@ -82,13 +103,15 @@ class Step:
         self.updater.stabilizers.begin_step(0, data)
         measure_batch(self.cfg, self.policy, self.updater, data)
         opt = self.updater.optimizer
-        spent = [0.0]
+        spent = [0.0, 0.0]
         original = opt.step
 
         def timed_step(*a, **kw):
-            s = time.perf_counter()
+            watch = Stopwatch()
             out = original(*a, **kw)
-            spent[0] += time.perf_counter() - s
+            t = watch.elapsed()
+            spent[0] += t.wall
+            spent[1] += t.cpu
             return out
 
         opt.step = timed_step
@@ -96,97 +119,86 @@ class Step:
             self.updater.update(data, 0, lr=1e-4, entropy_coef=0.0)
         finally:
             opt.step = original
-        self.parts["sync"].append(t_sync - t0)
-        self.parts["step"].append(time.perf_counter() - t0)
-        self.parts["optim"].append(spent[0])
+        step = whole.elapsed()
+        for part, t in (("step", step), ("sync", sync), ("optim", Timing(*spent))):
+            self.parts[part].append(t)
+        return step
 
 
-def total_parameter_floor_ms(policy: torch.nn.Module, minibatches: int, repeats: int = 10) -> float:
-    """Milliseconds per RL step that follow the TOTAL parameter count whatever the
-    batch: per minibatch, one fused AdamW step, one global-norm clip and the
-    gradient buffers of every parameter (written by the backward even for an
-    expert that got no token). A lower bound on what 64 experts add over 8."""
-    params = [p for p in policy.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    optimizer = torch.optim.AdamW(params, lr=1e-6, fused=True)
+def name_of(experts: int, layers: int, variant: str) -> str:
+    return f"L{layers}-E{experts}-{variant}"
 
-    def new_grads() -> None:
-        for p in params:
-            p.grad = torch.zeros_like(p)
 
-    parts = {
-        "adam": optimizer.step,
-        "clip": lambda: torch.nn.utils.clip_grad_norm_(params, 1.0),
-        "grads": new_grads,
-    }
-    total = 0.0
-    for fn in parts.values():
-        for _ in range(3):
-            fn()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-        total += statistics.median(samples)
-    for p in params:
-        p.grad = None
-    return total * minibatches * 1e3
+def time_steps(steps: dict[str, Step], rounds: int, seed: int = 0) -> Rounds:
+    """One warm-up step each, then ``rounds`` paired rounds in a random order."""
+    for step in steps.values():  # warm-up: allocator, kernels
+        step.run()
+    for step in steps.values():
+        step.parts = {part: [] for part in PARTS}
+    timed = Rounds(list(steps))
+    for order in round_orders(list(steps), rounds, "random", seed):
+        timed.begin_round(order)
+        for name in order:
+            timed.add(name, steps[name].run())
+    return timed.finish()
+
+
+def part_median_ms(step: Step, part: str, clock: str) -> float:
+    values = sorted(getattr(t, clock) for t in step.parts[part])
+    n = len(values)
+    return 1e3 * (values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2)
+
+
+def table(steps: dict[str, Step], timed: Rounds, args) -> list[dict[str, object]]:
+    experts, layers, variants = args.experts, args.layers, args.variants
+    rows = []
+    for n in layers:
+        for e in experts:
+            row: dict[str, object] = {
+                "layers": n,
+                "experts": e,
+                "params_M": round(steps[name_of(e, n, variants[-1])].n_params / 1e6, 2),
+            }
+            for v in variants:
+                name, base = name_of(e, n, v), name_of(experts[0], n, v)
+                row[f"{v}_wall_ms"] = round(timed.median(name, "wall") * 1e3, 1)
+                row[f"{v}_cpu_ms"] = round(timed.median(name, "cpu") * 1e3, 1)
+                row[f"{v}_x_wall"] = str(timed.ratio(name, base, "wall"))
+                row[f"{v}_x_cpu"] = str(timed.ratio(name, base, "cpu"))
+                row[f"{v}_optim_cpu_ms"] = round(part_median_ms(steps[name], "optim", "cpu"), 1)
+            last = steps[name_of(e, n, variants[-1])]
+            row["sync_cpu_ms"] = round(part_median_ms(last, "sync", "cpu"), 1)
+            rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--experts", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8])
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--expert-hidden", type=int, default=128)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--variants", nargs="+", default=["before", "after"], choices=["before", "after"]
+    )
+    parser.add_argument("--rounds", "--repeats", type=int, default=5, dest="rounds")
+    add_step_args(parser)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     steps = {
-        (e, n, v): Step(e, n, v == "after", args)
+        name_of(e, n, v): Step(e, n, v == "after", args)
         for n in args.layers
         for e in args.experts
-        for v in ("before", "after")
+        for v in args.variants
     }
-    for step in steps.values():  # warm-up: allocator, kernels
-        step.run()
-    for step in steps.values():
-        step.parts = {k: [] for k in step.parts}
-    for _ in range(args.repeats):
-        for step in steps.values():
-            step.run()
-    med = {key: {k: statistics.median(v) for k, v in s.parts.items()} for key, s in steps.items()}
-    rows = []
-    for n in args.layers:
-        for e in args.experts:
-            row = {
-                "layers": n,
-                "experts": e,
-                "params_M": round(steps[(e, n, "after")].n_params / 1e6, 2),
-            }
-            for v in ("before", "after"):
-                base = med[(args.experts[0], n, v)]["step"]
-                m = med[(e, n, v)]
-                row[f"{v}_step_ms"] = round(m["step"] * 1e3, 1)
-                row[f"{v}_ratio"] = round(m["step"] / base, 2)
-                row[f"{v}_optim_ms"] = round(m["optim"] * 1e3, 1)
-            row["sync_ms"] = round(med[(e, n, "after")]["sync"] * 1e3, 1)
-            after = steps[(e, n, "after")]
-            row["total_param_floor_ms"] = round(
-                total_parameter_floor_ms(
-                    copy.deepcopy(after.policy), after.cfg.algorithm.minibatches
-                ),
-                1,
-            )
-            rows.append(row)
-    print_table(rows, list(rows[0]))
-    payload = {"args": vars(args), "rows": rows, "environment": environment()}
+    timed = time_steps(steps, args.rounds)
+    rows = table(steps, timed, args)
+    print(timed.load_line())
+    short = ["layers", "experts", "params_M"] + [
+        f"{v}_{c}" for v in args.variants for c in ("cpu_ms", "x_cpu", "wall_ms", "x_wall")
+    ]
+    print_table(rows, short)
+    optim = [f"{v}_optim_cpu_ms" for v in args.variants]
+    print_table(rows, ["layers", "experts", *optim, "sync_cpu_ms"])
+    payload = {"args": vars(args), "rows": rows, "rounds": timed.record()}
     write_results("active_params", payload)
     return payload
 

@@ -51,6 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import Stopwatch, machine_load
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
@@ -184,36 +186,55 @@ def group_urls(run_ids: list[int], metrics: tuple[str, ...], max_points: int) ->
     ]
 
 
+def db_backend_pids() -> list[int]:
+    """The PostgreSQL server backend of Django's connection (its CPU is part of the
+    server time); none on SQLite, which runs in this thread."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        return [cur.fetchone()[0]]
+
+
 def server_side(run_ids: list[int], metrics: tuple[str, ...], repeat: int) -> dict[str, dict]:
-    """Sequential server time and payload of the page's chart data requests, and of
-    the ten single-chart requests, per mode (interleaved round-robin)."""
+    """Sequential server time (wall, and CPU: this thread's plus the database
+    backend's) and payload of the page's chart data requests, and of the ten
+    single-chart requests, per mode (interleaved round-robin)."""
     from django.contrib.auth import get_user_model
     from django.test import Client
 
     client = Client(HTTP_HOST="127.0.0.1")
     client.force_login(get_user_model().objects.get(username=USER))
+    pids = db_backend_pids()
     modes = {"downsampled": DOWNSAMPLED, "full": FULL}
     builders = {"page": group_urls, "per_chart": chart_urls}
     times: dict[tuple[str, str], list[float]] = {(m, b): [] for m in modes for b in builders}
+    cpu: dict[tuple[str, str], list[float]] = {(m, b): [] for m in modes for b in builders}
     sizes: dict[tuple[str, str], int] = {}
     for i in range(repeat + 1):  # the first round warms up
         for mode, max_points in modes.items():
             for name, build in builders.items():
-                total, size = 0.0, 0
+                total, total_cpu, size = 0.0, 0.0, 0
                 for url in build(run_ids, metrics, max_points):
-                    t0 = time.perf_counter()
+                    watch = Stopwatch(pids=pids)
                     response = client.get(url)
-                    total += time.perf_counter() - t0
+                    spent = watch.elapsed()
+                    total, total_cpu = total + spent.wall, total_cpu + spent.cpu
                     assert response.status_code == 200, response.content[:300]
                     size += len(response.content)
                 if i:
                     times[mode, name].append(total)
+                    cpu[mode, name].append(total_cpu)
                 sizes[mode, name] = size
     return {
         mode: {
             "server_ms": 1000 * statistics.median(times[mode, "page"]),
+            "server_cpu_ms": 1000 * statistics.median(cpu[mode, "page"]),
             "payload_mb": sizes[mode, "page"] / 1e6,
             "per_chart_server_ms": 1000 * statistics.median(times[mode, "per_chart"]),
+            "per_chart_server_cpu_ms": 1000 * statistics.median(cpu[mode, "per_chart"]),
             "per_chart_payload_mb": sizes[mode, "per_chart"] / 1e6,
         }
         for mode in modes
@@ -364,6 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
     metrics = METRICS[: args.metrics]
 
     postgres = args.database_url.startswith("postgres")
+    load_before = machine_load()
     if postgres:
         _pg_admin(args.database_url, f'CREATE DATABASE "{args.database_url.rsplit("/", 1)[1]}"')
     try:
@@ -422,6 +444,14 @@ def main(argv: list[str] | None = None) -> dict:
     print("  ".join("-" * w for w in widths))
     for c in cells:
         print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)))
+    print(
+        "server CPU ms (this thread + database backend), page / per-chart: "
+        + ", ".join(
+            f"{r['mode']} {r['server_cpu_ms']:.0f} / {r['per_chart_server_cpu_ms']:.0f}"
+            for r in rows
+        )
+        + f"; load average {load_before['loadavg_1m']} on {load_before['usable_cpus']} CPUs"
+    )
     shipped = rows[0]
     met = {name: shipped[name] < limit for name, limit in TARGETS.items()}
     print(
@@ -438,6 +468,8 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
         "targets": TARGETS,
         "targets_met": met,
+        "load_before": load_before,
+        "load_after": machine_load(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

@@ -14,19 +14,23 @@ and tsdownsample's MinMax and MinMaxLTTB (the latter is the LTTB kernel).
 
     .venv/bin/python -m bench.bench_downsample [--runs 20 --steps 2000 --metrics 10
         --max-points 500 --repeat 5 --out bench/results/downsample.json]
+
+Timed in paired rounds (bench.common: every case once per round, rotated order,
+``--repeat`` rounds), wall and thread CPU time, medians; the kernels likewise
+among themselves. The load is recorded with the result; on a loaded machine
+trust the CPU times.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 from tsdownsample import MinMaxDownsampler
 
+from bench.common import run_rounds
 from dashboard.export import figure_payload
 from dashboard.figures import metric_lines
 from dashboard.style import assign_colors
@@ -95,17 +99,9 @@ def series_lists(data: dict, max_points: int | None) -> str:
     return json.dumps(out, separators=(",", ":"))
 
 
-def timed(fn, repeat: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
-
-
-def kernel_timings(data: dict, max_points: int, repeat: int) -> dict[str, float]:
-    """Median ms to pick ``max_points`` indices of every (finite) series, per kernel."""
+def kernel_timings(data: dict, max_points: int, repeat: int) -> dict[str, dict[str, float]]:
+    """Median wall and CPU ms to pick ``max_points`` indices of every (finite)
+    series, per kernel, in paired rounds."""
     series = [(x.astype(np.int64), y) for per_run in data.values() for x, y in per_run.values()]
     ts_minmax = MinMaxDownsampler()
     kernels = {
@@ -116,7 +112,11 @@ def kernel_timings(data: dict, max_points: int, repeat: int) -> dict[str, float]
         ],
         "tsdownsample_minmaxlttb": lambda: [_lttb_indices(x, y, max_points) for x, y in series],
     }
-    return {name: round(timed(fn, repeat)[0] * 1e3, 2) for name, fn in kernels.items()}
+    rounds = run_rounds(kernels, repeat, warmup=1)
+    return {
+        name: {clock: round(rounds.median(name, clock) * 1e3, 2) for clock in ("wall", "cpu")}
+        for name in kernels
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -145,37 +145,47 @@ def main(argv: list[str] | None = None) -> dict:
         "lists_minmax": lambda: [series_lists(data, args.max_points)],
         "lists_full": lambda: [series_lists(data, None)],
     }
-    for name, fn in cases.items():
-        seconds, bodies = timed(fn, args.repeat)
-        size = sum(len(b.encode("utf-8")) for b in bodies)  # type: ignore[union-attr]
-        results[name] = {"server_ms": round(seconds * 1e3, 1), "payload_mb": round(size / 1e6, 3)}
-
-    only_downsample, _ = timed(
-        lambda: [
-            downsample(x, y, args.max_points)
-            for per_run in data.values()
-            for x, y in per_run.values()
-        ],
-        args.repeat,
-    )
-    results["downsample_only_ms"] = round(only_downsample * 1e3, 1)
+    cases["downsample_only"] = lambda: [
+        downsample(x, y, args.max_points) for per_run in data.values() for x, y in per_run.values()
+    ]
+    sizes = {}
+    for name, fn in cases.items():  # once untimed: the payloads, and the warm-up
+        sizes[name] = sum(len(b.encode("utf-8")) for b in fn() if isinstance(b, str))
+    rounds = run_rounds(cases, args.repeat, warmup=0)
+    for name in cases:
+        results[name] = {
+            "server_ms": round(rounds.median(name, "wall") * 1e3, 1),
+            "server_cpu_ms": round(rounds.median(name, "cpu") * 1e3, 1),
+            "payload_mb": round(sizes[name] / 1e6, 3),
+        }
+    only_downsample = results.pop("downsample_only")
+    results["downsample_only_ms"] = only_downsample["server_ms"]  # type: ignore[index]
+    results["downsample_only_cpu_ms"] = only_downsample["server_cpu_ms"]  # type: ignore[index]
+    results["load"] = {"before": rounds.load_before, "after": rounds.load_after}
+    results["cpu_states"] = rounds.cpu_states
     results["kernel_ms"] = kernel_timings(data, args.max_points, args.repeat)
     main_case = results["figures_minmax"]
     results["targets_met"] = {
         "server_under_300ms": main_case["server_ms"] < 300,  # type: ignore[index]
+        "server_cpu_under_300ms": main_case["server_cpu_ms"] < 300,  # type: ignore[index]
         "payload_under_2mb": main_case["payload_mb"] < 2.0,  # type: ignore[index]
     }
 
     print(
         f"{args.runs} runs x {args.steps} steps x {args.metrics} metrics = {n_points:,} points,"
-        f" max {args.max_points} points per series (median of {args.repeat})"
+        f" max {args.max_points} points per series (median of {args.repeat} paired rounds)"
     )
-    print(f"{'case':<16} {'server ms':>10} {'payload MB':>11}")
+    print(rounds.load_line())
+    print(f"{'case':<16} {'server ms':>10} {'CPU ms':>8} {'payload MB':>11}")
     for name in cases:
+        if name == "downsample_only":
+            continue
         row = results[name]
-        print(f"{name:<16} {row['server_ms']:>10.1f} {row['payload_mb']:>11.3f}")  # type: ignore[index]
+        print(f"{name:<16} {row['server_ms']:>10.1f} {row['server_cpu_ms']:>8.1f} "  # type: ignore[index]
+              f"{row['payload_mb']:>11.3f}")  # type: ignore[index]  # fmt: skip
     print(
-        f"downsampling alone (minmax, {args.runs * args.metrics} series): {only_downsample * 1e3:.1f} ms"
+        f"downsampling alone (minmax, {args.runs * args.metrics} series): "
+        f"{only_downsample['server_ms']:.1f} ms wall, {only_downsample['server_cpu_ms']:.1f} ms CPU"  # type: ignore[index]
     )
     print(f"kernels alone ({args.runs * args.metrics} series), ms: {results['kernel_ms']}")
     print(f"targets met: {results['targets_met']}")

@@ -6,7 +6,16 @@ the ranks) and E / ranks experts. The all-to-all time is measured by timing the
 collectives inside the layer (counts exchange + both row exchanges, forward and
 backward).
 
-    .venv/bin/python -m bench.bench_expert_parallel [--ranks 1 2 4] [--tokens 2048]
+Timing protocol (bench.common): the rank counts run in paired rounds (each
+round launches every rank count once, rotated order); in a launch every rank
+times its iterations in wall and process CPU time (gloo's threads included).
+Per launch: rank 0's median wall step and the busiest rank's median CPU step;
+"tokens/cpu-s" = ranks x tokens / that CPU step is the throughput free cores
+would give if no rank waited (on a machine with fewer free cores than ranks the
+wall columns measure contention). Ratios to 1 rank are medians over rounds of
+the per-round ratio with their 95% order-statistic interval.
+
+    .venv/bin/python -m bench.bench_expert_parallel [--ranks 1 2 4] [--tokens 2048] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -14,13 +23,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as tdist
 
-from bench.common import environment, print_table, write_results
+from bench.common import (
+    Rounds,
+    Stopwatch,
+    Timing,
+    print_table,
+    ratio_stats,
+    round_orders,
+    set_threads,
+    write_results,
+)
 
 
 def _rank(dist, out_dir: Path, args) -> None:
@@ -30,18 +47,21 @@ def _rank(dist, out_dir: Path, args) -> None:
     from trainer.model import expert_parallel as ep_mod
     from trainer.model.moe import MoELayer
 
+    set_threads(1)
     torch.manual_seed(0)
     layer = MoELayer(args.d_model, args.experts, 2, args.expert_hidden)
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.05)
     world, rank = dist.world_size, dist.rank
-    spent = [0.0]
+    spent = [0.0, 0.0]
     original = tdist.all_to_all_single
 
     def timed(*a, **kw):
-        t = time.perf_counter()
+        watch = Stopwatch("process")
         out = original(*a, **kw)
-        spent[0] += time.perf_counter() - t
+        t = watch.elapsed()
+        spent[0] += t.wall
+        spent[1] += t.cpu
         return out
 
     if world > 1:
@@ -50,33 +70,47 @@ def _rank(dist, out_dir: Path, args) -> None:
     else:
         module = layer
     x = torch.randn(1, args.tokens, args.d_model, generator=torch.Generator().manual_seed(rank))
-    times, shares = [], []
+    walls, cpus, shares, cpu_shares = [], [], [], []
     for i in range(args.warmup + args.repeats):
         xi = x.clone().requires_grad_(True)
-        spent[0] = 0.0
+        spent[:] = [0.0, 0.0]
         if world > 1:
             tdist.barrier()
-        t0 = time.perf_counter()
+        watch = Stopwatch("process")
         y, _ = module(xi)
         y.square().mean().backward()
-        elapsed = time.perf_counter() - t0
+        step = watch.elapsed()
         if i >= args.warmup:
-            times.append(elapsed)
-            shares.append(spent[0] / elapsed)
+            walls.append(step.wall)
+            cpus.append(step.cpu)
+            shares.append(spent[0] / step.wall)
+            cpu_shares.append(spent[1] / step.cpu)
     ep_mod.dist.all_to_all_single = original
-    if rank == 0:
-        med = statistics.median(times)
-        torch.save(
-            {"step_s": med, "a2a_share": statistics.median(shares)}, out_dir / f"w{world}.pt"
-        )
+    med = statistics.median
+    torch.save(
+        {"wall_s": med(walls), "cpu_s": med(cpus), "a2a_share": med(shares),
+         "a2a_cpu_share": med(cpu_shares)},
+        out_dir / f"w{world}_r{rank}.pt",
+    )  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _launch(world: int, out: Path, args) -> dict[str, float]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from distributed_ranks import run_ranks
 
+    run_ranks(_rank, world, out, args)
+    per_rank = [torch.load(out / f"w{world}_r{r}.pt") for r in range(world)]
+    return {
+        "wall_s": per_rank[0]["wall_s"],
+        "cpu_max_s": max(r["cpu_s"] for r in per_rank),
+        "a2a_share": per_rank[0]["a2a_share"],
+        "a2a_cpu_share": per_rank[0]["a2a_cpu_share"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--tokens", type=int, default=2048)
@@ -85,26 +119,49 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--expert-hidden", type=int, default=512)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds of launches")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    rows = []
+    set_threads(1)
+    names = [f"{w} ranks" for w in args.ranks]
+    launches: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    # Timing(wall=rank 0's median step, cpu=the busiest rank's median step CPU)
+    timed = Rounds(names, scope="process CPU of the busiest rank")
     with tempfile.TemporaryDirectory() as tmp:
-        for world in args.ranks:
-            run_ranks(_rank, world, Path(tmp), args)
-            res = torch.load(Path(tmp) / f"w{world}.pt")
-            rows.append(
-                {
-                    "ranks": world,
-                    "tokens_per_s": round(world * args.tokens / res["step_s"]),
-                    "step_ms": round(res["step_s"] * 1e3, 1),
-                    "all_to_all_share": round(res["a2a_share"], 3),
-                }
+        for order in round_orders(names, args.rounds, "rotate"):
+            timed.begin_round(order)
+            for name in order:
+                res = _launch(args.ranks[names.index(name)], Path(tmp), args)
+                launches[name].append(res)
+                timed.add(name, Timing(res["wall_s"], res["cpu_max_s"]))
+    timed.finish()
+    base, w1 = names[0], args.ranks[0]
+    rows = []
+    for name, world in zip(names, args.ranks, strict=True):
+        med = {k: statistics.median(r[k] for r in launches[name]) for k in launches[name][0]}
+        # tokens/s of N ranks over tokens/s of the first: (N / N1) x T1 / TN per round
+        gain = {
+            clock: ratio_stats(
+                [t * world for t in timed.samples(base, clock)],
+                [t * w1 for t in timed.samples(name, clock)],
             )
-    base = rows[0]["tokens_per_s"]
-    for row in rows:
-        row["speedup"] = round(row["tokens_per_s"] / base, 2)
+            for clock in ("wall", "cpu")
+        }
+        rows.append(
+            {
+                "ranks": world,
+                "step_wall_ms": round(med["wall_s"] * 1e3, 1),
+                "step_cpu_ms": round(med["cpu_max_s"] * 1e3, 1),
+                "tokens_per_s": round(world * args.tokens / med["wall_s"]),
+                "tokens_per_cpu_s": round(world * args.tokens / med["cpu_max_s"]),
+                "gain_wall": str(gain["wall"]),
+                "gain_cpu": str(gain["cpu"]),
+                "all_to_all_share": round(med["a2a_share"], 3),
+                "all_to_all_cpu_share": round(med["a2a_cpu_share"], 3),
+            }
+        )
+    print(timed.load_line())
     print_table(rows, list(rows[0]))
-    payload = {"args": vars(args), "rows": rows, "environment": environment()}
+    payload = {"args": vars(args), "rows": rows, "launches": launches, "rounds": timed.record()}
     write_results("expert_parallel", payload)
     return payload
 

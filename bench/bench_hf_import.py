@@ -9,13 +9,17 @@ of an imported model against the same shape built natively.
    multiple of the checkpoint's size on disk. Target: < 1.3x.
 2. RL step: the tiny Qwen3-MoE of the parity tests (3 blocks, one dense; GQA,
    q/k norm, 8 experts top-2) imported, against a builtin model with the
-   same ModelConfig shape fields; median step time of the trainer's own
-   ``time/step_s`` metric, the fastest of ``--repeats`` interleaved runs. They run the same code, so the ratio should be ~1.
+   same ModelConfig shape fields, in ``--repeats`` paired rounds (every variant
+   once per round, rotated order); per run the median step in wall time (the
+   trainer's ``time/step_s``) and CPU time (bench.step_clock), the ratios the
+   median over rounds of the per-round ratio with their 95% interval (trust the
+   CPU-time one on a loaded machine). They run the same code, so the ratio
+   should be ~1.
    Also the imported model with ``optim.param_dtype=bf16`` (bf16 weights,
    fp32 masters): on a CPU, bf16 matmuls are slower than fp32 ones, so this
    row measures the cost of the switch there, not its GPU benefit.
 
-    .venv/bin/python -m bench.bench_hf_import [--threads 2] [--steps 8] [--only rl-step]
+    .venv/bin/python -m bench.bench_hf_import [--threads 1] [--steps 8] [--only rl-step]
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.common import Rounds, Stopwatch, Timing, round_orders, write_results
+from bench.step_clock import StepClock
+
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 # ~100M parameters: 6 blocks of 16 experts (3 x 512 x 512 each), GQA attention,
@@ -74,13 +79,14 @@ def child_import(folder: str) -> None:
     from trainer.hf import build_model, resolve_model_source
 
     before = _rss_bytes()
-    start = time.perf_counter()
+    watch = Stopwatch("process")
     cfg = resolve_model_source(ExperimentConfig.model_validate({"model": {"source": folder}}))
     model = build_model(cfg.model, cfg.model.vocab_size)
-    seconds = time.perf_counter() - start
+    spent = watch.elapsed()
     peak = _peak_rss_bytes()
     n_params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"seconds": seconds, "rss_before": before, "peak": peak, "params": n_params}))
+    print(json.dumps({"seconds": spent.wall, "cpu_seconds": spent.cpu, "rss_before": before,
+                      "peak": peak, "params": n_params}))  # fmt: skip
 
 
 def bench_import(threads: int, shard_mb: int = 0, vocab: int = BIG["vocab_size"]) -> dict:
@@ -111,12 +117,14 @@ def bench_import(threads: int, shard_mb: int = 0, vocab: int = BIG["vocab_size"]
         "checkpoint_mb": size / 1e6,
         "shards": n_shards,
         "import_s_median": statistics.median(r["seconds"] for r in runs),
+        "import_cpu_s_median": statistics.median(r["cpu_seconds"] for r in runs),
         "peak_added_mb": added / 1e6,
         "peak_over_checkpoint": added / size,
     }
 
 
 def bench_rl_step(threads: int, steps: int, warmup: int, repeats: int = 3) -> dict:
+    scope = "thread" if threads == 1 else "process"
     sys.path.insert(0, str(TESTS))
     from hf_tiny_checkpoints import save_char_tokenizer, save_hf_checkpoint
 
@@ -158,27 +166,37 @@ def bench_rl_step(threads: int, steps: int, warmup: int, repeats: int = 3) -> di
             update={"optim": imported.optim.model_copy(update={"param_dtype": "bf16"})}
         )
         os.environ["MOE_LAB_CACHE"] = str(Path(tmp) / "cache")
-        # Interleaved repeats, the fastest median of each kept: a load spike from
-        # other jobs then slows one repeat of one variant, not the comparison.
-        for repeat in range(repeats):
-            for name, cfg in (("imported", imported), ("native", native), ("imported_bf16", bf16)):
+        configs = {"imported": imported, "native": native, "imported_bf16": bf16}
+        # Paired rounds (every variant once per round, rotated order), each run's
+        # median step in wall and CPU time (bench.step_clock).
+        timed = Rounds(list(configs), scope=scope)
+        for repeat, order in enumerate(round_orders(list(configs), repeats, "rotate")):
+            timed.begin_round(order)
+            for name in order:
                 run_dir = Path(tmp) / f"{name}-{repeat}"
-                train(cfg, run_dir, log=lambda _msg: None)
-                rows = read_metrics(run_dir)[warmup:]
-                median = statistics.median(r[K.TIME_STEP_S] for r in rows)
-                key = f"{name}_step_s"
-                out[key] = min(out.get(key, median), median)
-    out["imported_over_native"] = out["imported_step_s"] / out["native_step_s"]
-    out["bf16_over_fp32"] = out["imported_bf16_step_s"] / out["imported_step_s"]
+                with StepClock(scope) as clock:
+                    train(configs[name], run_dir, log=lambda _msg: None)
+                wall = statistics.median(r[K.TIME_STEP_S] for r in read_metrics(run_dir)[warmup:])
+                cpu = statistics.median(r["cpu_s"] for r in clock.steps[warmup:])
+                timed.add(name, Timing(wall, cpu))
+        timed.finish()
+    print(f"  {timed.load_line()}")
+    for name in configs:
+        for clock in ("wall", "cpu"):
+            out[f"{name}_step_{clock}_s"] = timed.median(name, clock)
+    for clock in ("wall", "cpu"):
+        out[f"imported_over_native_{clock}"] = timed.ratio("imported", "native", clock).as_dict()
+        out[f"bf16_over_fp32_{clock}"] = timed.ratio("imported_bf16", "imported", clock).as_dict()
+    out["rounds"] = timed.record()
     return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved RL-step repeats")
+    parser.add_argument("--repeats", type=int, default=3, help="paired RL-step rounds")
     parser.add_argument(
         "--only", choices=["import", "rl-step"], help="run one of the two measurements"
     )
@@ -200,7 +218,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"  checkpoint            {result['checkpoint_mb']:8.1f} MB in {result['shards']} "
             "file(s) (fp32 safetensors)"
         )
-        print(f"  import time (median)  {result['import_s_median']:8.2f} s")
+        print(
+            f"  import time (median)  {result['import_s_median']:8.2f} s wall, "
+            f"{result['import_cpu_s_median']:.2f} s CPU"
+        )
         print(
             f"  peak RSS added        {result['peak_added_mb']:8.1f} MB = "
             f"{result['peak_over_checkpoint']:.2f}x the checkpoint (target < 1.3x: "
@@ -208,14 +229,15 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if args.only in (None, "rl-step"):
         result.update(bench_rl_step(args.threads, args.steps, args.warmup, args.repeats))
-        print(f"  RL step imported      {result['imported_step_s'] * 1000:8.1f} ms")
-        print(f"  RL step native        {result['native_step_s'] * 1000:8.1f} ms")
-        print(f"  imported / native     {result['imported_over_native']:8.2f}")
-        print(f"  RL step imported bf16 {result['imported_bf16_step_s'] * 1000:8.1f} ms")
-        print(f"  bf16 / fp32 params    {result['bf16_over_fp32']:8.2f}")
-    RESULTS.mkdir(exist_ok=True)
-    name = "hf_import.json" if args.only is None else f"hf_import_{args.only}.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2))
+        print(f"  {'':<22} {'wall':>9} {'CPU':>9}")
+        for name in ("imported", "native", "imported_bf16"):
+            w, c = (result[f"{name}_step_{clock}_s"] * 1000 for clock in ("wall", "cpu"))
+            print(f"  RL step {name:<14} {w:7.1f}ms {c:7.1f}ms")
+        for key in ("imported_over_native", "bf16_over_fp32"):
+            w, c = (result[f"{key}_{clock}"]["median"] for clock in ("wall", "cpu"))
+            print(f"  {key:<22} {w:9.2f} {c:9.2f}")
+    name = "hf_import" if args.only is None else f"hf_import_{args.only}"
+    write_results(name, {"args": vars(args), **result})
     return result
 
 

@@ -11,9 +11,14 @@ of LAB_METRICS_BATCH. Target: >= 50,000 scalar points/s
 into PostgreSQL.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/lab_bench \\
-        .venv/bin/python -m bench.bench_metric_storage [--steps 5000 --out bench/results/metric_storage.json]
+        .venv/bin/python -m bench.bench_metric_storage [--steps 5000 --rounds 3
+        --out bench/results/metric_storage.json]
 
 The database named in DATABASE_URL is created (and dropped afterwards) by this script.
+Timed in paired rounds (bench.common: A and B ingestion, reads and live
+ingestion once per round, rotated order; every ingestion into a fresh run),
+wall and CPU time: this thread's plus, on PostgreSQL, the server backend's of
+the connection (its /proc entry), with the load recorded.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import os
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +62,7 @@ def _admin_url(url: str) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lab_bench")
@@ -69,7 +74,7 @@ def main() -> None:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         c.execute(f'CREATE DATABASE "{name}"')
     try:
-        results = _run(args.steps)
+        results = _run(args.steps, args.rounds)
     finally:
         from django.db import connections
 
@@ -82,7 +87,22 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results, indent=2))
 
 
-def _run(steps: int) -> dict:
+def _chunk_rows(run_id: int, lines: list[dict]) -> list[tuple]:
+    rows: dict[tuple[str, int], dict] = {}
+    for rec in lines:
+        for k, v in rec.items():
+            if k != "step":
+                rows.setdefault((k, rec["step"] // CHUNK), {})[str(rec["step"])] = v
+    return [(run_id, k, c, json.dumps(v)) for (k, c), v in rows.items()]
+
+
+B_UPSERT = (
+    "INSERT INTO bench_chunk VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (run_id, key, chunk)"
+    " DO UPDATE SET vals = bench_chunk.vals || excluded.vals"
+)
+
+
+def _run(steps: int, rounds: int) -> dict:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.site.settings")
     import django
 
@@ -92,6 +112,7 @@ def _run(steps: int) -> dict:
     from django.core.management import call_command
     from django.db import connection
 
+    from bench.common import measure, run_rounds
     from lab.experiments.services import create_experiment
     from lab.jobs.tailer import MetricsTail
     from lab.runs import lifecycle
@@ -101,104 +122,106 @@ def _run(steps: int) -> dict:
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     exp = create_experiment(owner=user, name="bench")
-    run = lifecycle.submit_run(owner=user, experiment=exp, preset="moe-grpo")
     lines = _lines(steps)
     scalars = steps * N_SCALARS
-
-    # A: the worker's path, from the file to the DB.
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "metrics.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-        t0 = time.perf_counter()
-        records = MetricsTail(path).read_all()
-        batch = settings.LAB_METRICS_BATCH
-        for i in range(0, len(records), batch):
-            ingest_metrics(run.pk, records[i : i + batch])
-        a_ingest = time.perf_counter() - t0
-    # Re-ingesting everything (a resumed run) must not add rows.
-    t0 = time.perf_counter()
-    for i in range(0, len(lines), 500):
-        ingest_metrics(run.pk, lines[i : i + 500])
-    a_reingest = time.perf_counter() - t0
+    live_steps, live_batch = min(steps, 1000), 2
     keys = ["bench/key_00", "bench/key_30", "experts/load/L0"]
-    t0 = time.perf_counter()
-    for _ in range(5):
-        data = metric_series(run.pk, keys, max_points=100_000)
-    a_read = (time.perf_counter() - t0) / 5
-    assert len(data["steps"]) == steps
-
-    # B: per (run, key, chunk) rows.
+    # The database's own CPU: the server backend of Django's connection (PostgreSQL).
+    pids = []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            pids.append(cur.fetchone()[0])
     with connection.cursor() as cur:
         cur.execute(
             "CREATE TABLE bench_chunk (run_id bigint, key text, chunk int, vals jsonb,"
             " PRIMARY KEY (run_id, key, chunk))"
         )
-        t0 = time.perf_counter()
+    tmp = tempfile.TemporaryDirectory()
+    path = Path(tmp.name) / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    def new_run() -> int:
+        return lifecycle.submit_run(owner=user, experiment=exp, preset="moe-grpo").pk
+
+    def a_ingest() -> None:  # A: the worker's path, from the file to the DB
+        run_id, records = new_run(), MetricsTail(path).read_all()
+        batch = settings.LAB_METRICS_BATCH
+        for i in range(0, len(records), batch):
+            ingest_metrics(run_id, records[i : i + batch])
+
+    def b_ingest() -> None:  # B: per (run, key, chunk) rows
+        run_id = new_run()
+        with connection.cursor() as cur:
+            for i in range(0, len(lines), 500):
+                cur.executemany(B_UPSERT, _chunk_rows(run_id, lines[i : i + 500]))
+
+    # Live ingestion: a worker polling every LAB_POLL_S sees a few steps per read.
+    def a_live() -> None:
+        run_id = new_run()
+        for i in range(0, live_steps, live_batch):
+            ingest_metrics(run_id, lines[i : i + live_batch])
+
+    def b_live() -> None:
+        run_id = new_run()
+        with connection.cursor() as cur:
+            for i in range(0, live_steps, live_batch):
+                cur.executemany(B_UPSERT, _chunk_rows(run_id, lines[i : i + live_batch]))
+
+    # The reads read one run of each design, written before the rounds.
+    read_run = new_run()
+    for i in range(0, len(lines), 500):
+        ingest_metrics(read_run, lines[i : i + 500])
+    with connection.cursor() as cur:
         for i in range(0, len(lines), 500):
-            rows: dict[tuple[str, int], dict] = {}
-            for rec in lines[i : i + 500]:
-                for k, v in rec.items():
-                    if k != "step":
-                        rows.setdefault((k, rec["step"] // CHUNK), {})[str(rec["step"])] = v
-            cur.executemany(
-                "INSERT INTO bench_chunk VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (run_id, key, chunk)"
-                " DO UPDATE SET vals = bench_chunk.vals || excluded.vals",
-                [(run.pk, k, c, json.dumps(v)) for (k, c), v in rows.items()],
-            )
-        b_ingest = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(5):
+            cur.executemany(B_UPSERT, _chunk_rows(read_run, lines[i : i + 500]))
+
+    def a_read() -> None:
+        assert len(metric_series(read_run, keys, max_points=100_000)["steps"]) == steps
+
+    def b_read() -> None:
+        with connection.cursor() as cur:
             cur.execute(
                 "SELECT key, chunk, vals FROM bench_chunk WHERE run_id = %s AND key = ANY(%s)"
                 " ORDER BY key, chunk",
-                [run.pk, keys],
+                [read_run, keys],
             )
-            fetched = cur.fetchall()
-        b_read = (time.perf_counter() - t0) / 5
-        assert fetched
+            assert cur.fetchall()
 
-    # Live ingestion: a worker polling every LAB_POLL_S sees a few steps per read.
-    live_steps, live_batch = min(steps, 1000), 2
-    run2 = lifecycle.submit_run(owner=user, experiment=exp, preset="moe-grpo")
-    t0 = time.perf_counter()
-    for i in range(0, live_steps, live_batch):
-        ingest_metrics(run2.pk, lines[i : i + live_batch])
-    a_live = time.perf_counter() - t0
-    with connection.cursor() as cur:
-        t0 = time.perf_counter()
-        for i in range(0, live_steps, live_batch):
-            rows = {}
-            for rec in lines[i : i + live_batch]:
-                for k, v in rec.items():
-                    if k != "step":
-                        rows.setdefault((k, rec["step"] // CHUNK), {})[str(rec["step"])] = v
-            cur.executemany(
-                "INSERT INTO bench_chunk VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (run_id, key, chunk)"
-                " DO UPDATE SET vals = bench_chunk.vals || excluded.vals",
-                [(run2.pk, k, c, json.dumps(v)) for (k, c), v in rows.items()],
-            )
-        b_live = time.perf_counter() - t0
+    fns = {"A ingest": a_ingest, "B ingest": b_ingest, "A read": a_read, "B read": b_read,
+           "A live": a_live, "B live": b_live}  # fmt: skip
+    timed = run_rounds(fns, rounds, warmup=0, pids=pids)
+    # Re-ingesting everything (a resumed run) must not add rows: A only.
+    reingest, _ = measure(
+        lambda: [ingest_metrics(read_run, lines[i : i + 500]) for i in range(0, len(lines), 500)],
+        pids=pids,
+    )
+    tmp.cleanup()
+    med = timed.median
     live_points = live_steps * N_SCALARS
-
+    print(timed.load_line())
     return {
         "database": connection.vendor,
+        "cpu": "this thread + the database backend" if pids else "this thread (SQLite in process)",
+        "rounds": rounds,
         "live_batches": f"{live_steps} steps in batches of {live_batch}",
-        "A_live_scalar_points_per_s": round(live_points / a_live),
-        "B_live_scalar_points_per_s": round(live_points / b_live),
         "steps": steps,
         "scalars_per_step": N_SCALARS,
         "vectors_per_step": f"{N_LAYERS} x {N_EXPERTS}",
-        "A_row_per_step": {
-            "ingest_s": round(a_ingest, 3),
-            "scalar_points_per_s": round(scalars / a_ingest),
-            "reingest_s": round(a_reingest, 3),
-            "read_3_keys_all_steps_ms": round(a_read * 1000, 1),
+        **{
+            f"{design}_{what}": {
+                "wall_s": round(med(f"{design} {what}", "wall"), 4),
+                "cpu_s": round(med(f"{design} {what}", "cpu"), 4),
+                "points_per_wall_s": round(n / med(f"{design} {what}", "wall")),
+                "points_per_cpu_s": round(n / med(f"{design} {what}", "cpu")),
+            }
+            for design in ("A", "B")
+            for what, n in (("ingest", scalars), ("live", live_points), ("read", len(keys) * steps))
         },
-        "B_row_per_key_chunk": {
-            "ingest_s": round(b_ingest, 3),
-            "scalar_points_per_s": round(scalars / b_ingest),
-            "read_3_keys_all_steps_ms": round(b_read * 1000, 1),
-        },
+        "A_reingest": {"wall_s": round(reingest.wall, 3), "cpu_s": round(reingest.cpu, 3)},
+        "B_over_A_ingest_cpu": timed.ratio("B ingest", "A ingest").as_dict(),
+        "B_over_A_read_cpu": timed.ratio("B read", "A read").as_dict(),
+        "timing": timed.record(),
     }
 
 

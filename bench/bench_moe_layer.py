@@ -9,9 +9,12 @@ Two shapes:
   are read for ~16 rows, so weight reading bounds the layer at E/k = 4x the
   dense-active time (the "floor"). Target: within 10% of the floor.
 
-Medians after warm-up, interleaved, 2 threads by default.
+Timed in paired rounds (bench.common.run_rounds: every variant once per round,
+rotated order), wall and thread CPU time; "x dense" is the median over rounds
+of the per-round ratio to the dense-active FFN, with its order-statistic 95%
+interval. On a loaded machine trust the CPU-time ratio. One thread by default.
 
-    python -m bench.bench_moe_layer [--threads 2] [--repeats 15]
+    python -m bench.bench_moe_layer [--threads 1] [--rounds 15] [--tokens 4096]
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bench.common import print_table, time_interleaved, write_results
+from bench.common import Rounds, print_table, run_rounds, set_threads, write_results
 from trainer.model.layers import SwiGLU
 from trainer.model.moe import MoELayer
+
+DENSE = "dense-active SwiGLU"
 
 
 def make_moe(d: int, e: int, k: int, h: int, backend: str, seed: int = 0) -> MoELayer:
@@ -90,9 +95,7 @@ def fwd_only(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor):
 
 
 def variants(d: int, e: int, k: int, h: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "dense-active SwiGLU": make_dense(d, k * h)
-    }
+    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {DENSE: make_dense(d, k * h)}
     reference = make_moe(d, e, k, h, "grouped_mm")
     out["ours grouped_mm"] = moe_call(reference)
     out["ours loop"] = moe_call(make_moe(d, e, k, h, "loop"))
@@ -107,84 +110,89 @@ def check_same_output(fns: dict[str, Callable], x: torch.Tensor) -> float:
     """Largest deviation of every MoE variant from ours (same weights)."""
     with torch.no_grad():
         ref = fns["ours grouped_mm"](x)
-        return max(
-            (fn(x) - ref).abs().max().item()
-            for name, fn in fns.items()
-            if name != "dense-active SwiGLU"
-        )
+        return max((fn(x) - ref).abs().max().item() for name, fn in fns.items() if name != DENSE)
 
 
-def bench_training(repeats: int) -> list[dict[str, object]]:
-    d, e, k, h, n = 256, 16, 2, 512, 4096
-    fns = variants(d, e, k, h)
-    x = torch.randn(1, n, d, requires_grad=True)
-    grad = torch.randn(1, n, d)
-    max_dev = check_same_output(fns, x)
-    times = time_interleaved({name: fwd_bwd(fn, x, grad) for name, fn in fns.items()}, 3, repeats)
-    dense = times["dense-active SwiGLU"]
-    rows = [
-        {
-            "shape": "train fwd+bwd",
-            "variant": name,
-            "ms": t * 1e3,
-            "x dense": t / dense,
-            "target": "<= 1.10x" if name == "ours grouped_mm" else "",
-        }
-        for name, t in times.items()
-    ]
-    rows[0]["note"] = f"max |ours - transformers| = {max_dev:.1e}"
+def timed_rows(shape: str, rounds: Rounds, target: str) -> list[dict[str, object]]:
+    rows = rounds.rows(baseline=DENSE)
+    for row in rows:
+        row["shape"] = shape
+        row["target"] = target if row["variant"].startswith("ours") else ""
     return rows
 
 
-def bench_decode(repeats: int) -> list[dict[str, object]]:
+def bench_training(rounds: int, tokens: int) -> tuple[list[dict[str, object]], Rounds]:
+    d, e, k, h = 256, 16, 2, 512
+    fns = variants(d, e, k, h)
+    x = torch.randn(1, tokens, d, requires_grad=True)
+    grad = torch.randn(1, tokens, d)
+    max_dev = check_same_output(fns, x)
+    timed = run_rounds({name: fwd_bwd(fn, x, grad) for name, fn in fns.items()}, rounds, warmup=2)
+    rows = timed_rows(f"train fwd+bwd ({tokens} tok)", timed, "<= 1.10x")
+    rows[0]["note"] = f"max |ours - transformers| = {max_dev:.1e}"
+    return rows, timed
+
+
+def bench_decode(rounds: int) -> tuple[list[dict[str, object]], Rounds]:
     d, e, k, h, n = 256, 8, 2, 512, 64
     fns = variants(d, e, k, h)
     x = torch.randn(1, n, d)
-    times = time_interleaved({name: fwd_only(fn, x) for name, fn in fns.items()}, 10, repeats * 4)
-    dense = times["dense-active SwiGLU"]
+    timed = run_rounds({name: fwd_only(fn, x) for name, fn in fns.items()}, rounds * 4, warmup=10)
     floor = e / k
-    return [
-        {
-            "shape": "decode fwd (64 tok)",
-            "variant": name,
-            "ms": t * 1e3,
-            "x dense": t / dense,
-            "target": f"floor {floor:.1f}x, <= {1.1 * floor:.1f}x"
-            if name.startswith("ours")
-            else "",
-        }
-        for name, t in times.items()
-    ]
+    return timed_rows(
+        "decode fwd (64 tok)", timed, f"floor {floor:.1f}x, <= {1.1 * floor:.1f}x"
+    ), timed
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", "--repeats", type=int, default=15, dest="rounds")
+    parser.add_argument("--tokens", type=int, default=4096, help="training shape's tokens")
+    parser.add_argument("--only", choices=["train", "decode"], default=None)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
-    rows = bench_training(args.repeats) + bench_decode(args.repeats)
-    print_table(rows, ["shape", "variant", "ms", "x dense", "target", "note"])
-    train = {r["variant"]: r for r in rows if r["shape"].startswith("train")}
-    decode = {r["variant"]: r for r in rows if r["shape"].startswith("decode")}
-    hf_train = [r["ms"] for name, r in train.items() if name.startswith("transformers")]
-    summary = {
-        "train_ratio_vs_dense": train["ours grouped_mm"]["x dense"],
-        "train_target_met": train["ours grouped_mm"]["x dense"] <= 1.10
-        and (not hf_train or train["ours grouped_mm"]["ms"] <= min(hf_train)),
-        "decode_ratio_vs_dense": decode["ours grouped_mm"]["x dense"],
-        "decode_floor": 8 / 2,
-        "decode_target_met": decode["ours grouped_mm"]["x dense"] <= 1.1 * 8 / 2,
-        "faster_backend_train": min(("ours grouped_mm", "ours loop"), key=lambda n: train[n]["ms"]),
-        "faster_backend_decode": min(
-            ("ours grouped_mm", "ours loop"), key=lambda n: decode[n]["ms"]
-        ),
-    }
+    rows: list[dict[str, object]] = []
+    record: dict[str, object] = {"args": vars(args)}
+    summary: dict[str, object] = {}
+    columns = ["shape", "variant", "wall_ms", "cpu_ms", "x_wall", "x_cpu", "target", "note"]
+    if args.only in (None, "train"):
+        train_rows, train = bench_training(args.rounds, args.tokens)
+        rows += train_rows
+        record["train"] = train.record(baseline=DENSE)
+        ratio = train.ratio("ours grouped_mm", DENSE, "cpu")
+        hf = [n for n in train.names if n.startswith("transformers")]
+        summary |= {
+            "train_ratio_vs_dense_cpu": ratio.as_dict(),
+            "train_ratio_vs_dense_wall": train.ratio("ours grouped_mm", DENSE, "wall").as_dict(),
+            "train_target_met_cpu": ratio.median <= 1.10
+            and all(train.ratio("ours grouped_mm", n, "cpu").median <= 1.0 for n in hf),
+            "faster_backend_train_cpu": min(
+                ("ours grouped_mm", "ours loop"), key=lambda n: train.median(n, "cpu")
+            ),
+        }
+        print(train.load_line())
+    if args.only in (None, "decode"):
+        decode_rows, decode = bench_decode(args.rounds)
+        rows += decode_rows
+        record["decode"] = decode.record(baseline=DENSE)
+        ratio = decode.ratio("ours grouped_mm", DENSE, "cpu")
+        summary |= {
+            "decode_ratio_vs_dense_cpu": ratio.as_dict(),
+            "decode_ratio_vs_dense_wall": decode.ratio("ours grouped_mm", DENSE, "wall").as_dict(),
+            "decode_floor": 8 / 2,
+            "decode_target_met_cpu": ratio.median <= 1.1 * 8 / 2,
+            "faster_backend_decode_cpu": min(
+                ("ours grouped_mm", "ours loop"), key=lambda n: decode.median(n, "cpu")
+            ),
+        }
+        print(decode.load_line())
+    print_table(rows, columns)
     print()
     for key, value in summary.items():
         print(f"{key}: {value}")
-    path = write_results("moe_layer", {"rows": rows, "summary": summary})
+    path = write_results("moe_layer", {"rows": rows, "summary": summary, **record})
     print(f"\nwrote {path}")
     return summary
 

@@ -4,8 +4,10 @@ p95 < 100 ms), on SQLite and PostgreSQL, with each request's query count.
 
 "Server time" is the Django request cycle in process (middleware, session
 auth, view, serializer, rendering), timed with the test client: no network,
-no WSGI server. Requests go round-robin over the URLs so load from other
-processes hits each alike.
+no WSGI server. Requests go in paired rounds over the URLs (bench.common,
+rotated order) so load from other processes hits each alike, timed in wall
+and CPU time (this thread's plus, on PostgreSQL, the connection's server
+backend's), with the load recorded.
 
     .venv/bin/python -m bench.bench_queue_api --db sqlite
     .venv/bin/python -m bench.bench_queue_api --db postgres [--pg postgres://postgres@127.0.0.1:5432/postgres]
@@ -14,12 +16,12 @@ processes hits each alike.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -86,34 +88,42 @@ def fill(queued: int, running: int) -> None:
     Run.objects.bulk_create(runs, batch_size=500)
 
 
-def measure(requests: int) -> dict[str, dict[str, float]]:
+def measure(requests: int) -> tuple[dict[str, dict[str, float]], dict[str, object]]:
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
+    from bench.common import run_rounds
+
     client = Client()
     client.force_login(get_user_model().objects.get(username="bench"))
-    samples: dict[str, list[float]] = {url: [] for url in URLS}
     queries: dict[str, int] = {}
     for url in URLS:  # warm up, and count the queries of one request
         with CaptureQueriesContext(connection) as captured:
             response = client.get(url)
         assert response.status_code == 200, (url, response.status_code)
         queries[url] = len(captured)
-    for _ in range(requests):
-        for url in URLS:
-            start = time.perf_counter()
-            client.get(url)
-            samples[url].append(time.perf_counter() - start)
-    return {
+    pids = []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            pids.append(cur.fetchone()[0])
+    timed = run_rounds(
+        {url: functools.partial(client.get, url) for url in URLS}, requests, warmup=0, pids=pids
+    )
+    print(timed.load_line())
+    results = {
         url: {
-            "p50_ms": 1000 * statistics.median(ts),
-            "p95_ms": 1000 * percentile(ts, 0.95),
+            "p50_ms": 1000 * statistics.median(timed.wall[url]),
+            "p95_ms": 1000 * percentile(timed.wall[url], 0.95),
+            "cpu_p50_ms": 1000 * statistics.median(timed.cpu[url]),
+            "cpu_p95_ms": 1000 * percentile(timed.cpu[url], 0.95),
             "queries": queries[url],
         }
-        for url, ts in samples.items()
+        for url in URLS
     }
+    return results, timed.record()
 
 
 def main() -> None:
@@ -149,17 +159,19 @@ def main() -> None:
     try:
         call_command("migrate", verbosity=0)
         fill(args.queued, args.running)
-        results = measure(args.requests)
+        results, timing = measure(args.requests)
     finally:
         if drop is not None:
             drop()
     print(
         f"{args.db}: {args.queued} queued + {args.running} running, {args.requests} requests each"
     )
-    print(f"{'url':28} {'p50 ms':>8} {'p95 ms':>8} {'queries':>8}")
+    print(f"{'url':28} {'p50 ms':>8} {'p95 ms':>8} {'CPU p50':>8} {'CPU p95':>8} {'queries':>8}")
     for url, row in results.items():
-        print(f"{url:28} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f} {row['queries']:8d}")
-    payload = {"db": args.db, "queued": args.queued, "running": args.running, "results": results}
+        print(f"{url:28} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f} {row['cpu_p50_ms']:8.1f} "
+              f"{row['cpu_p95_ms']:8.1f} {row['queries']:8d}")  # fmt: skip
+    payload = {"db": args.db, "queued": args.queued, "running": args.running,
+               "results": results, "timing": timing}  # fmt: skip
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"queue_api_{args.db}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))

@@ -4,6 +4,8 @@ worker's claim, immediately before it spawns the trainer. Target < 1 s.
 A real Celery worker (solo pool, prefetch 1) runs as a subprocess on a unique
 queue; runs are submitted one at a time through runs.lifecycle.submit_run and
 cancelled as soon as they start, so every sample meets an idle worker.
+Latency is wall time by definition (waiting included); the load during the
+samples is recorded with the result (bench.common.machine_load).
 
     .venv/bin/python -m bench.bench_queue_latency [--runs 10 --broker redis://127.0.0.1:6379/7
         --out bench/results/queue_latency.json]
@@ -25,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
+from bench.common import machine_load  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -32,6 +36,7 @@ def main() -> None:
     parser.add_argument("--broker", default="redis://127.0.0.1:6379/7")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    load_before = machine_load()
     tmp = Path(tempfile.mkdtemp(prefix="lab-bench-"))
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     os.environ.update(
@@ -81,6 +86,8 @@ def main() -> None:
         worker.terminate()
         worker.wait(timeout=60)
     result = {
+        "load_before": load_before,
+        "load_after": machine_load(),
         "broker": args.broker.split("://")[0],
         "database": django.db.connection.vendor,
         "runs": len(samples),

@@ -5,10 +5,11 @@
    forward, update) with the same weights, the same seeds and hence the same
    rollout for both variants; before every timed step the policy, optimiser and
    generators are restored, so each variant repeats exactly the same work.
-   Steps are interleaved (none, r3, none, r3, ...) so load from other processes
-   hits both alike. The overhead is the median over repeats of the PAIRED ratio
-   r3_i / none_i - 1 (adjacent steps share the machine's load of the moment);
-   medians and minima of each variant are printed too. Target: at most 3%.
+   Steps run in paired rounds (bench.common; none, r3 | r3, none | ...) so load
+   from other processes hits both alike, timed in wall and thread CPU time. The
+   overhead is the median over rounds of the PAIRED ratio r3_i / none_i - 1 with
+   its 95% order-statistic interval, in CPU time (the figure to trust on a
+   loaded machine) and wall time. Target: at most 3%.
 2. Storage: bytes per (token, MoE layer) of the routing the engine recorded in
    one rollout, packed at ceil(log2 E) bits per index, run-length encoded and
    zlib-compressed, against the information bound log2 C(E, k); and the time to
@@ -28,11 +29,21 @@ import copy
 import itertools
 import random
 import statistics
-import time
 
 import torch
 
-from bench.common import print_table, write_results
+from bench.common import (
+    Rounds,
+    Stopwatch,
+    Timing,
+    measure,
+    print_table,
+    ratio_stats,
+    round_orders,
+    set_threads,
+    write_results,
+)
+from trainer.analysis.collapse import CollapseDetector
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
 from trainer.config.validation import validate_config
@@ -40,6 +51,7 @@ from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
 from trainer.rollout.routing_pack import pack_routing, storage_report, unpack_routing
 from trainer.run.batches import collate_prompts, repeat_for_groups
+from trainer.run.context import RunContext, RunState
 from trainer.run.runner import _rl_step
 from trainer.run.update import PolicyUpdater
 from trainer.tasks import make_task
@@ -48,70 +60,82 @@ TARGET_OVERHEAD = 0.03
 
 
 class Variant:
-    """One config's policy, engine and updater, restorable to the same start state."""
+    """One config's run context (policy, engine, updater, streams), restorable to
+    the same start state, so every timed step repeats exactly the same work."""
 
     def __init__(self, cfg, task, vocab_size: int, weights: dict[str, torch.Tensor]):
-        self.cfg = cfg
-        self.task = task
-        self.policy = TransformerLM(cfg.model, vocab_size)
-        self.policy.load_state_dict(weights)
-        self.engine = RolloutEngine(cfg.model, vocab_size, precision=cfg.rollout.precision)
-        self.py_rng = random.Random(cfg.run.seed)
-        self.generators = {
+        policy = TransformerLM(cfg.model, vocab_size)
+        policy.load_state_dict(weights)
+        generators = {
             "sample": torch.Generator().manual_seed(cfg.run.seed),
             "shuffle": torch.Generator().manual_seed(cfg.run.seed + 1),
         }
-        self.updater = PolicyUpdater(cfg, self.policy, None, self.generators["shuffle"])
+        self.ctx = RunContext(
+            cfg=cfg, device=torch.device("cpu"), task=task, eval_problems=[], policy=policy,
+            reference=None,
+            engine=RolloutEngine(cfg.model, vocab_size, precision=cfg.rollout.precision),
+            updater=PolicyUpdater(cfg, policy, None, generators["shuffle"]),
+            collapse=CollapseDetector(cfg.run.collapse), py_rng=random.Random(cfg.run.seed),
+            generators=generators, state=RunState(),
+        )  # fmt: skip
+        self.cfg, self.task = cfg, task
         self._start = (
-            copy.deepcopy(self.policy.state_dict()),
-            copy.deepcopy(self.updater.state_dict()),
-            self.py_rng.getstate(),
-            {name: g.get_state() for name, g in self.generators.items()},
+            copy.deepcopy(policy.state_dict()),
+            copy.deepcopy(self.ctx.updater.state_dict()),
+            self.ctx.py_rng.getstate(),
+            {name: g.get_state() for name, g in generators.items()},
         )
+
+    @property
+    def policy(self):
+        return self.ctx.policy
+
+    @property
+    def engine(self):
+        return self.ctx.engine
 
     def restore(self) -> None:
         policy, updater, py_state, generators = self._start
-        self.policy.load_state_dict(policy)
-        self.updater.load_state_dict(copy.deepcopy(updater))
-        self.py_rng.setstate(py_state)
-        for name, g in self.generators.items():
+        self.ctx.policy.load_state_dict(policy)
+        self.ctx.updater.load_state_dict(copy.deepcopy(updater))
+        self.ctx.py_rng.setstate(py_state)
+        for name, g in self.ctx.generators.items():
             g.set_state(generators[name])
 
-    def step(self) -> tuple[float, dict]:
-        """Seconds of one loop step (the step's own wall clock) and its metrics."""
-        start = time.perf_counter()
-        metrics = _rl_step(
-            self.cfg, 0, self.task, self.policy, self.engine, self.updater,
-            self.py_rng, self.generators, torch.device("cpu"),
-        )  # fmt: skip
-        return time.perf_counter() - start, metrics
+    def step(self) -> tuple[Timing, dict]:
+        """Wall and CPU seconds of one loop step, and its metrics."""
+        return measure(lambda: _rl_step(self.ctx, 0))
 
 
-def time_steps(
-    variants: dict[str, Variant], warmup: int, repeats: int
-) -> dict[str, dict[str, list[float]]]:
-    """Per variant, per part (step, rollout, measure, update): seconds of each repeat."""
-    samples: dict[str, dict[str, list[float]]] = {
-        name: {"step": [], "rollout": [], "measure": [], "update": []} for name in variants
+def time_steps(variants: dict[str, Variant], warmup: int, repeats: int) -> tuple[Rounds, dict]:
+    """Paired rounds of whole steps (rotated order), and per variant the phases'
+    wall seconds (the step's own metrics) of each round."""
+    phases: dict[str, dict[str, list[float]]] = {
+        name: {"rollout": [], "measure": [], "update": []} for name in variants
     }
-    for i in range(warmup + repeats):
-        for name, variant in variants.items():
+    for _ in range(warmup):
+        for variant in variants.values():
             variant.restore()
-            seconds, metrics = variant.step()
-            if i >= warmup:
-                s = samples[name]
-                s["step"].append(seconds)
-                s["rollout"].append(metrics["time/rollout_s"])
-                s["measure"].append(metrics["time/mismatch_s"])
-                s["update"].append(metrics["time/train_s"])
-    return samples
+            variant.step()
+    timed = Rounds(list(variants))
+    for order in round_orders(list(variants), repeats, "rotate"):
+        timed.begin_round(order)
+        for name in order:
+            variant = variants[name]
+            variant.restore()
+            timing, metrics = variant.step()
+            timed.add(name, timing)
+            p = phases[name]
+            p["rollout"].append(metrics["time/rollout_s"])
+            p["measure"].append(metrics["time/mismatch_s"])
+            p["update"].append(metrics["time/train_s"])
+    return timed.finish(), phases
 
 
 def paired_overhead(r3: list[float], none: list[float]) -> tuple[float, float, float]:
-    """Median and quartiles over repeats of r3_i / none_i - 1: (median, q1, q3)."""
-    ratios = [a / b - 1.0 for a, b in zip(r3, none, strict=True)]
-    q1, median, q3 = statistics.quantiles(ratios, n=4)
-    return median, q1, q3
+    """Median of r3_i / none_i - 1 over rounds and its 95% order-statistic interval."""
+    ratio = ratio_stats(r3, none)
+    return ratio.median - 1.0, ratio.low - 1.0, ratio.high - 1.0
 
 
 def storage_rows(variant: Variant, repeats: int) -> list[dict]:
@@ -137,10 +161,10 @@ def storage_rows(variant: Variant, repeats: int) -> list[dict]:
     ):
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            watch = Stopwatch()
             packed = pack_routing(indices, cfg.model.n_experts, compression)
             unpack_routing(packed)
-            times.append(time.perf_counter() - start)
+            times.append(watch.elapsed().cpu)
         report = storage_report(packed)
         rows.append(
             {
@@ -153,7 +177,7 @@ def storage_rows(variant: Variant, repeats: int) -> list[dict]:
                 "bound_bits": report["bound_bits"],
                 "ratio_to_bound": report["ratio_to_bound"],
                 "engine_uint8_bytes": float(rollout.routing.bytes_per_token_layer),
-                "pack_unpack_ms": 1000 * statistics.median(times),
+                "pack_unpack_cpu_ms": 1000 * statistics.median(times),
                 "token_layers": packed.n_token_layers,
             }
         )
@@ -168,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     # 1 thread: on a shared, loaded 2-core machine 2 threads mostly measure contention.
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
     base = validate_config(apply_overrides(preset_dict(args.preset), ["algorithm.kl_coef=0"]))
     task = make_task(base.task)
@@ -184,35 +208,40 @@ def main(argv: list[str] | None = None) -> dict:
         )
         for mode in ("none", "r3")
     }
-    samples = time_steps(variants, args.warmup, args.repeats)
-    overhead, q1, q3 = paired_overhead(samples["r3"]["step"], samples["none"]["step"])
+    timed, phases = time_steps(variants, args.warmup, args.repeats)
+    overhead = {clock: timed.ratio("r3", "none", clock) for clock in ("cpu", "wall")}
 
     def trainer_side(name: str) -> list[float]:
-        return [
-            a + b for a, b in zip(samples[name]["measure"], samples[name]["update"], strict=True)
-        ]
+        p = phases[name]
+        return [a + b for a, b in zip(p["measure"], p["update"], strict=True)]
 
     trainer_overhead = paired_overhead(trainer_side("r3"), trainer_side("none"))[0]
     time_rows = [
         {
             "replay": name,
-            **{f"{part}_ms": 1000 * statistics.median(v) for part, v in parts.items()},
-            "step_min_ms": 1000 * min(parts["step"]),
+            "step_cpu_ms": 1000 * timed.median(name, "cpu"),
+            "step_wall_ms": 1000 * timed.median(name, "wall"),
+            **{f"{part}_wall_ms": 1000 * statistics.median(v) for part, v in phases[name].items()},
         }
-        for name, parts in samples.items()
+        for name in variants
     ]
     print(
         f"R3 step-time overhead, preset {args.preset} ({base.rollout.prompts_per_step}x"
         f"{base.rollout.group_size} sequences, {base.algorithm.minibatches} minibatches), "
-        f"{args.threads} threads, median of {args.repeats} interleaved steps"
+        f"{args.threads} threads, median of {args.repeats} paired rounds"
     )
+    print(timed.load_line())
     print_table(
-        time_rows, ["replay", "step_ms", "step_min_ms", "rollout_ms", "measure_ms", "update_ms"]
-    )
-    verdict = "met" if overhead <= TARGET_OVERHEAD else "NOT met"
-    print(f"overhead (median paired ratio): step {100 * overhead:+.2f}% "
-          f"(quartiles {100 * q1:+.1f}% .. {100 * q3:+.1f}%; target <= 3%: {verdict}); "
-          f"measure + update only {100 * trainer_overhead:+.2f}%\n")  # fmt: skip
+        time_rows,
+        ["replay", "step_cpu_ms", "step_wall_ms", "rollout_wall_ms", "measure_wall_ms",
+         "update_wall_ms"],
+    )  # fmt: skip
+    met = overhead["cpu"].median - 1 <= TARGET_OVERHEAD
+    for clock, r in overhead.items():
+        print(f"overhead ({clock} time, median paired ratio - 1): {100 * (r.median - 1):+.2f}% "
+              f"(95% interval {100 * (r.low - 1):+.1f}% .. {100 * (r.high - 1):+.1f}%)")  # fmt: skip
+    print(f"target <= 3% (CPU time): {'met' if met else 'NOT met'}; "
+          f"measure + update only (wall) {100 * trainer_overhead:+.2f}%\n")  # fmt: skip
 
     storage = storage_rows(variants["r3"], args.repeats)
     sixteen = validate_config(
@@ -225,18 +254,19 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(
         storage,
         ["experts", "top_k", "layout", "compression", "bytes_per_token_layer", "bits_per_token_layer",
-         "bound_bits", "ratio_to_bound", "engine_uint8_bytes", "pack_unpack_ms"],
+         "bound_bits", "ratio_to_bound", "engine_uint8_bytes", "pack_unpack_cpu_ms"],
     )  # fmt: skip
     result = {
         "preset": args.preset,
         "repeats": args.repeats,
         "step_time": time_rows,
-        "overhead_step": overhead,
-        "overhead_step_quartiles": [q1, q3],
-        "overhead_measure_update": trainer_overhead,
+        "overhead_step_cpu": overhead["cpu"].as_dict(),
+        "overhead_step_wall": overhead["wall"].as_dict(),
+        "overhead_measure_update_wall": trainer_overhead,
         "threads": args.threads,
         "target_overhead": TARGET_OVERHEAD,
-        "target_met": overhead <= TARGET_OVERHEAD,
+        "target_met_cpu": met,
+        "rounds": timed.record(baseline="none"),
         "storage": storage,
     }
     path = write_results("r3_overhead", result)

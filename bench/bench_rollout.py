@@ -6,28 +6,31 @@ Tiny preset: 2 layers, d_model 128, 4 heads, 8 experts top-2, expert width
 MixtralForCausalLM with the same dimensions in fp32 (its default), sampling,
 exactly 16 new tokens. Target: >= 1.3x generate()'s generated tokens/s.
 
-    python -m bench.bench_rollout [--threads 2] [--repeats 7]
+    python -m bench.bench_rollout [--threads 1] [--repeats 7]
 
-Besides wall time (noisy on a shared machine) it counts the aten ops each
-variant dispatches per call: decode at this size is bound by per-op
-overhead, and the count does not depend on machine load.
+Timed in paired rounds (bench.common.run_rounds), wall and thread CPU time;
+"x generate()" is the median over rounds of generate()'s time over ours in the
+same round, with its 95% order-statistic interval (trust the CPU-time one on a
+loaded machine). It also counts the aten ops each variant dispatches per call:
+decode at this size is bound by per-op overhead, and the count does not depend
+on machine load.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.common import paired_ratio, print_table, time_interleaved_samples, write_results
+from bench.common import print_table, run_rounds, set_threads, write_results
 from trainer.config import ModelConfig
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
 
 BATCH, PROMPT, NEW_TOKENS, VOCAB = 64, 16, 16, 32
+GENERATE = "transformers generate()"
 TINY = ModelConfig(
     n_layers=2, d_model=128, n_heads=4, n_experts=8, top_k=2, expert_hidden=256, max_seq_len=64
 )
@@ -111,7 +114,7 @@ def count_ops(fn: Callable[[], object]) -> int:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--repeats",
         type=int,
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "and generate() run 3x as many rounds of their own",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, VOCAB, (BATCH, PROMPT), generator=gen)
@@ -134,52 +137,62 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     }
     hf = hf_generate(prompt, mask)
     if hf is not None:
-        fast["transformers generate()"] = hf
+        fast[GENERATE] = hf
     slow: dict[str, Callable[[], object]] = {
         "ours fp32 recompute": our_generate("fp32", False, prompt, mask),
         "ours bf16-emul recompute": our_generate("bf16", False, prompt, mask),
     }
-    samples = time_interleaved_samples(fast, warmup=2, repeats=3 * args.repeats)
-    samples |= time_interleaved_samples(slow, warmup=1, repeats=args.repeats)
+    fast_rounds = run_rounds(fast, 3 * args.repeats, warmup=2)
+    slow_rounds = run_rounds(slow, args.repeats, warmup=1)
     fns = fast | slow
-    times = {name: statistics.median(ts) for name, ts in samples.items()}
     tokens = BATCH * NEW_TOKENS
-    base = times.get("transformers generate()")
-
-    def vs_generate(name: str) -> float | str:
-        if not base:
-            return ""
-        if name in fast:  # same rounds: median of per-round ratios
-            return paired_ratio(samples["transformers generate()"], samples[name])
-        return base / times[name]
-
-    rows = [
-        {
-            "variant": name,
-            "ms": t * 1e3,
-            "tok/s": tokens / t,
-            "x generate()": vs_generate(name),
-            "aten ops": count_ops(fns[name]),
-        }
-        for name, t in times.items()
-    ]
+    rows = []
+    for rounds in (fast_rounds, slow_rounds):
+        for name in rounds.names:
+            row: dict[str, object] = {
+                "variant": name,
+                "wall_ms": rounds.median(name, "wall") * 1e3,
+                "cpu_ms": rounds.median(name, "cpu") * 1e3,
+                "tok/cpu-s": tokens / rounds.median(name, "cpu"),
+            }
+            if hf is not None and rounds is fast_rounds:  # same rounds: paired ratio
+                row["x gen wall"] = str(fast_rounds.ratio(GENERATE, name, "wall"))
+                row["x gen cpu"] = str(fast_rounds.ratio(GENERATE, name, "cpu"))
+            row["aten ops"] = count_ops(fns[name])
+            rows.append(row)
     print(
         f"tiny MoE: {TINY.n_layers} layers, d {TINY.d_model}, {TINY.n_experts} experts "
         f"top-{TINY.top_k}, batch {BATCH}, prompt {PROMPT}, {NEW_TOKENS} new tokens"
     )
-    print_table(rows, ["variant", "ms", "tok/s", "x generate()", "aten ops"])
-    summary = {
-        "kv_cache_speedup_fp32": times["ours fp32 recompute"] / times["ours fp32 kv-cache"],
-        "vs_generate_fp32": vs_generate("ours fp32 kv-cache") if base else None,
-        "vs_generate_bf16_emulated": vs_generate("ours bf16-emul kv-cache") if base else None,
+    print(fast_rounds.load_line())
+    columns = ["variant", "wall_ms", "cpu_ms", "tok/cpu-s", "x gen wall", "x gen cpu", "aten ops"]
+    print_table(rows, columns)
+    summary: dict[str, object] = {
+        "kv_cache_speedup_fp32_cpu": slow_rounds.median("ours fp32 recompute")
+        / fast_rounds.median("ours fp32 kv-cache"),
     }
-    summary["target_met"] = (
-        bool(base) and min(summary["vs_generate_fp32"], summary["vs_generate_bf16_emulated"]) >= 1.3
-    )
+    if hf is not None:
+        for key, name in (
+            ("fp32", "ours fp32 kv-cache"),
+            ("bf16_emulated", "ours bf16-emul kv-cache"),
+        ):
+            summary[f"vs_generate_{key}_cpu"] = fast_rounds.ratio(GENERATE, name, "cpu").as_dict()
+            summary[f"vs_generate_{key}_wall"] = fast_rounds.ratio(GENERATE, name, "wall").as_dict()
+        summary["target_met_cpu"] = (
+            min(summary["vs_generate_fp32_cpu"]["median"],
+                summary["vs_generate_bf16_emulated_cpu"]["median"]) >= 1.3
+        )  # fmt: skip
     print()
     for key, value in summary.items():
         print(f"{key}: {value}")
-    path = write_results("rollout", {"rows": rows, "summary": summary})
+    payload = {
+        "args": vars(args),
+        "rows": rows,
+        "summary": summary,
+        "kv_cache_rounds": fast_rounds.record(baseline=GENERATE if hf is not None else None),
+        "recompute_rounds": slow_rounds.record(),
+    }
+    path = write_results("rollout", payload)
     print(f"\nwrote {path}")
     return summary
 

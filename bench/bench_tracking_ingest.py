@@ -12,7 +12,9 @@ retrying): nothing new may be stored.
     nice -n 19 .venv/bin/python bench/bench_tracking_ingest.py [--steps 2000] [--keys 100]
 
 SQLite in a temporary folder unless DATABASE_URL names another database (which
-must exist and is migrated).
+must exist and is migrated). Wall time and this process's CPU time
+(``time.process_time``; on another database its server's CPU is not in it),
+with the load recorded (bench.common.machine_load).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+from bench.common import machine_load  # noqa: E402
 
 VERL_NAMES = [
     "rollout_corr/kl",
@@ -61,10 +65,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="points per request (MLflow: 1000)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    load_before = machine_load()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("LAB_VAR_DIR", tmp)
         os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp}/db.sqlite3")
         results = _run(args.steps, args.keys, args.batch)
+    results["load_before"], results["load_after"] = load_before, machine_load()
     print(json.dumps(results, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

@@ -4,8 +4,9 @@ as the first request does), and whether torch got loaded.
 
     /usr/bin/time -v .venv/bin/python -m bench.bench_web_start
 
-prints ``start_s=... torch=...``; /usr/bin/time adds the peak RSS ("Maximum
-resident set size"). docs/benchmarks.md ("Web process start") has the numbers.
+prints ``start_s=... cpu_s=... load=... torch=...`` (wall and CPU seconds of the
+start, the 1-minute load average: on a loaded machine compare CPU seconds);
+/usr/bin/time adds the peak RSS ("Maximum resident set size"). docs/benchmarks.md ("Web process start") has the numbers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ def main() -> None:
     from lab.site.wsgi import application  # noqa: F401
 
     get_resolver().url_patterns  # noqa: B018 - imports every view module
-    print(f"start_s={time.perf_counter() - started:.2f} torch={'torch' in sys.modules}")
+    # CPU: the whole interpreter's so far (it starts with this process), beside wall
+    # time, which a loaded machine stretches.
+    print(
+        f"start_s={time.perf_counter() - started:.2f} cpu_s={time.process_time():.2f} "
+        f"load={os.getloadavg()[0]:.2f} torch={'torch' in sys.modules}"
+    )
 
 
 if __name__ == "__main__":
