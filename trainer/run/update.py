@@ -104,7 +104,8 @@ class PolicyUpdater:
             # The fused kernel (one vectorised pass over each tensor, CPU and CUDA)
             # instead of the per-tensor loop torch defaults to on the CPU: Adam
             # touches every parameter, active or not, so its cost grows with the
-            # total, and fused is ~10x cheaper per element (docs/benchmarks.md).
+            # total, and fused is about 5x cheaper than the loop (CPU time,
+            # docs/benchmarks.md).
             # FSDP's sharded DTensor parameters take the multi-tensor path.
             **({"foreach": True} if dist.fsdp else {"fused": True}),
         )
