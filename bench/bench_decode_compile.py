@@ -5,14 +5,16 @@ each call (a step's cost does not depend on which column it writes):
 
 * ``eager``: the engine's own ``_decode`` (cache slice up to the column, the
   experts on ``grouped_mm``): what rollouts run today;
-* ``static``: ``decode_static`` eager, over the whole cache width, experts on
-  ``padded`` (the form a compiler or a CUDA graph can take);
+* ``static-grouped``: ``decode_static`` eager, over the whole cache width,
+  experts still on ``grouped_mm`` (what the wider attention alone costs);
+* ``static``: the same with the experts on ``padded`` (the form that compiles
+  for fp32: torch's grouped_mm compiles for bf16 only);
 * ``compiled``: ``decode_static`` under ``torch.compile(dynamic=False)``
   (inductor's C++ backend on the CPU), compile time reported apart.
 
-Rounds are interleaved (eager, static, compiled, eager, ...) and the ratios
-are medians of per-round ratios (bench/common.py), so a busy machine's load
-hits every variant alike. Also records how many graphs the compiled step
+Paired rounds with wall and thread CPU time and the load recorded
+(bench/common.py): the ratios are medians of per-round ratios with an
+interval, and CPU time is the figure to trust on a busy machine. Also records how many graphs the compiled step
 built over a whole rollout's columns (1 = no recompilation per token).
 
     .venv/bin/python -m bench.bench_decode_compile [--quick]
@@ -21,12 +23,11 @@ built over a whole rollout's columns (1 = no recompilation per token).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
 
-from bench.common import paired_ratio, time_interleaved_samples, write_results
+from bench.common import print_table, run_rounds, set_threads, write_results
 from trainer.config.presets import resolve_preset
 from trainer.model import TransformerLM
 from trainer.rollout.engine import RolloutEngine
@@ -64,19 +65,22 @@ def _ready(engine: RolloutEngine, rows: int):
 
 
 def bench_shape(name: str, model: dict, rows: int, repeats: int) -> dict:
-    eager, static, compiled_engine = (
+    eager, static_grouped, static, compiled_engine = (
+        _engine(model, "auto"),
         _engine(model, "auto"),
         _engine(model, "padded"),
         _engine(model, "padded"),
     )
     token = torch.randint(3, VOCAB, (rows,), generator=torch.Generator().manual_seed(1))
     col = PROMPT + NEW // 2
-    col_t = torch.tensor([col])
     with torch.inference_mode():
+        col_t = torch.tensor([col])  # made in inference mode, as a rollout makes it
         e_real, e_bias, e_routing = _ready(eager, rows)
+        g_real, g_bias, g_routing = _ready(static_grouped, rows)
         s_real, s_bias, s_routing = _ready(static, rows)
         c_real, c_bias, c_routing = _ready(compiled_engine, rows)
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         step = compiled_decode(compiled_engine)
         t0 = time.perf_counter()
         step(token, c_real, col_t, c_bias, c_routing)
@@ -88,18 +92,19 @@ def bench_shape(name: str, model: dict, rows: int, repeats: int) -> dict:
             "eager": lambda: eager._decode(
                 token, e_real, col, e_bias[:, None, None, : col + 1], e_routing[:, :, col]
             ),
+            "static-grouped": lambda: decode_static(
+                static_grouped, token, g_real, col_t, g_bias, g_routing
+            ),
             "static": lambda: decode_static(static, token, s_real, col_t, s_bias, s_routing),
             "compiled": lambda: step(token, c_real, col_t, c_bias, c_routing),
         }
-        samples = time_interleaved_samples(fns, warmup=3, repeats=repeats)
-    med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in samples.items()}
+        rounds = run_rounds(fns, rounds=repeats, warmup=3)
     return {
         "shape": name,
         "rows": rows,
-        "ms_per_step": med,
-        "compiled_over_eager": paired_ratio(samples["compiled"], samples["eager"]),
-        "compiled_over_static": paired_ratio(samples["compiled"], samples["static"]),
-        "static_over_eager": paired_ratio(samples["static"], samples["eager"]),
+        "table": rounds.rows(baseline="eager"),
+        "rounds": rounds.record(baseline="eager"),
+        "load": rounds.load_line(),
         "compile_s": compile_s,
         "graphs_over_a_rollout": graphs,
     }
@@ -109,23 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the tiny shape, few rounds")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    set_threads(1)
     shapes = {"tiny-moe": SHAPES["tiny-moe"]} if args.quick else SHAPES
-    repeats = 10 if args.quick else 40
-    load_before = os.getloadavg()
+    repeats = 10 if args.quick else 30
     results = [bench_shape(name, model, rows, repeats) for name, (model, rows) in shapes.items()]
     for r in results:
-        ms = r["ms_per_step"]
         print(
-            f"{r['shape']:9s} rows={r['rows']}: eager {ms['eager']:.3f} ms, static "
-            f"{ms['static']:.3f} ms, compiled {ms['compiled']:.3f} ms per step; compiled/eager "
-            f"{r['compiled_over_eager']:.2f}x, compile {r['compile_s']:.1f} s, "
-            f"{r['graphs_over_a_rollout']} graph(s) over a rollout"
+            f"{r['shape']} ({r['rows']} rows): compile {r['compile_s']:.1f} s, "
+            f"{r['graphs_over_a_rollout']} graph(s) over a rollout; {r['load']}"
         )
-    write_results(
-        "decode_compile",
-        {"results": results, "load_before": load_before, "load_after": os.getloadavg()},
-    )
+        print_table(r["table"], ["variant", "wall_ms", "cpu_ms", "x_wall", "x_cpu"])
+    write_results("decode_compile", {"results": results})
     return 0
 
 

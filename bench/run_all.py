@@ -22,6 +22,7 @@ BENCHMARKS = (
     "bench_rollout",  # KV cache vs recompute vs transformers' generate()
     "bench_routing_flips",  # bf16 vs fp32 routing disagreement
     "bench_fp8_linear",  # emulated vs native (torch._scaled_mm) fp8 GEMMs on the CPU
+    "bench_decode_compile",  # the decode step eager vs torch.compile on the CPU
     "bench_rl_step",  # one RL step broken down
     "bench_r3_overhead",  # R3 step-time overhead, routing storage vs bound
     "bench_downsample",  # dashboard chart data: time and payload
