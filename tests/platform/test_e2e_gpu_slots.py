@@ -26,18 +26,9 @@ def test_two_slot_workers_share_a_gpu_and_train_at_once(lab_stack, tmp_path):
     )
     exp = lab_stack.post("/api/experiments", {"name": "slots", "preset": "moe-grpo"})
     overrides = {**TINY_OVERRIDES, "run.device": "cpu", "run.steps": 6}
-    runs = [
-        lab_stack.post(
-            "/api/runs",
-            {
-                "experiment": exp["id"],
-                "preset": "moe-grpo",
-                "overrides": overrides,
-                "queue": lab_stack.queue,
-            },
-        )  # fmt: skip
-        for _ in range(2)
-    ]
+    body = {"experiment": exp["id"], "preset": "moe-grpo", "overrides": overrides,
+            "queue": lab_stack.queue}  # fmt: skip
+    runs = [lab_stack.post("/api/runs", body) for _ in range(2)]
     for name in ("w1", "w2"):
         lab_stack.start_worker(name)
         lab_stack.wait_for(lambda n=name: "worker owns" in lab_stack.log(n), 120, f"{name} ready")
