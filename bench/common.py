@@ -409,22 +409,6 @@ def run_rounds(
     return result.finish()
 
 
-def time_interleaved_samples(
-    fns: dict[str, Callable[[], object]], warmup: int = 3, repeats: int = 15
-) -> dict[str, list[float]]:
-    """Wall seconds of every call in ``repeats`` fixed-order rounds (the older
-    interface; ``run_rounds`` also gives CPU time, the order and the load)."""
-    return run_rounds(fns, repeats, warmup, order="fixed").wall
-
-
-def time_interleaved(
-    fns: dict[str, Callable[[], object]], warmup: int = 3, repeats: int = 15
-) -> dict[str, float]:
-    """Median wall seconds per call of each function (older interface, as above)."""
-    samples = time_interleaved_samples(fns, warmup, repeats)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
-
-
 # --- reporting
 
 

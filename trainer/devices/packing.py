@@ -31,7 +31,8 @@ MEMORY_SHARE_ENV = "MOE_LAB_GPU_MEMORY_SHARE"
 @dataclass(frozen=True)
 class Slot:
     """One process's place: ``device`` is its CUDA_VISIBLE_DEVICES (None: CPU, no
-    GPU), ``memory_share`` its fraction of that device's memory (None: all of it)."""
+    GPU; a platform worker's trainer may see several, comma-separated),
+    ``memory_share`` its fraction of that device's memory (None: all of it)."""
 
     device: str | None
     memory_share: float | None

@@ -30,6 +30,7 @@ from trainer.devices.capability import capability_label, device_capability, has_
 from trainer.devices.dtypes import DTYPES
 from trainer.model.dispatch import choose_backend
 from trainer.rollout.fp8 import choose_fp8_plan
+from trainer.rollout.static_decode import compiled_moe_backend
 
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 # The two settings cuBLAS documents as reproducible.
@@ -131,9 +132,10 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
     }
     if cfg.model.n_experts:
         train_dtype = DTYPES[cfg.optim.param_dtype]
-        rollout = choose_backend("auto", device.type, engine_dtype, capability)
-        if cfg.rollout.decode == "compiled" and engine_dtype != torch.bfloat16:
-            rollout = "padded"  # the engine's choice: grouped_mm compiles for bf16 only
+        requested = "auto"
+        if cfg.rollout.decode == "compiled":  # the engine's own choice
+            requested = compiled_moe_backend(requested, engine_dtype)
+        rollout = choose_backend(requested, device.type, engine_dtype, capability)
         record["moe_backend"] = {
             "train": choose_backend("auto", device.type, train_dtype, capability),
             "rollout": rollout,

@@ -36,7 +36,7 @@ from trainer.rollout.sampling import (
     sampling_stream,
     scaled_logprobs,
 )
-from trainer.rollout.static_decode import compiled_decode, zero_cache
+from trainer.rollout.static_decode import compiled_decode, compiled_moe_backend, zero_cache
 from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
@@ -94,8 +94,8 @@ class RolloutEngine(EngineWeights, EngineForward):
         # torch.compile (trainer.rollout.static_decode), built at the first rollout.
         self.decode = decode
         self._compiled_step = None
-        if decode == "compiled" and moe_backend == "auto" and self.num.dtype != torch.bfloat16:
-            moe_backend = "padded"  # torch._grouped_mm compiles for bf16 operands only
+        if decode == "compiled":
+            moe_backend = compiled_moe_backend(moe_backend, self.num.dtype)
         self.moe_backend = moe_backend
         # Decode steps between two checks whether every row stopped: the check
         # reads a flag on the host (a sync); between checks the loop runs on

@@ -83,6 +83,13 @@ def decode_static(
     )
 
 
+def compiled_moe_backend(requested: str, dtype: torch.dtype) -> str:
+    """The expert backend of an engine that compiles its decode step: ``auto`` becomes
+    ``padded`` where the engine stores anything but bf16, since torch._grouped_mm
+    traces (its meta kernel) for bf16 operands only."""
+    return "padded" if requested == "auto" and dtype != torch.bfloat16 else requested
+
+
 def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeStep:
     """``decode_static`` of this engine under ``torch.compile`` (fixed shapes:
     ``dynamic=False``). ``mode="reduce-overhead"`` on CUDA captures the step as a

@@ -41,7 +41,7 @@ from typing import IO
 
 from django.conf import settings
 
-from trainer.devices.packing import MEMORY_SHARE_ENV
+from trainer.devices.packing import Slot, parse_visible_devices
 
 # device -> the open lock file through which this process holds it
 _LEASES: dict[str, IO[str]] = {}
@@ -78,13 +78,7 @@ class WorkerCapacity:
     def trainer_environment(self, ranks: int) -> dict[str, str]:
         """What this worker's trainer child adds to its environment: the devices it
         may see and, in a slot of a shared GPU, its share of the memory."""
-        env = {}
-        devices = self.visible_devices(ranks)
-        if devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = devices
-        if self.memory_share is not None:
-            env[MEMORY_SHARE_ENV] = f"{self.memory_share:.6f}"
-        return env
+        return Slot(self.visible_devices(ranks), self.memory_share).environment()
 
     def describe(self) -> str:
         if self.slot is not None:
@@ -99,12 +93,6 @@ class WorkerCapacity:
         if not self.devices:
             return None
         return ",".join(self.devices[:ranks])
-
-
-def parse_devices(value: str) -> tuple[str, ...]:
-    """``"0,1, 3"`` -> ("0", "1", "3"); empty or "-1" (CUDA's "none") -> ()."""
-    devices = tuple(d.strip() for d in value.split(",") if d.strip())
-    return () if devices in ((), ("-1",)) else devices
 
 
 def host_gpu_count() -> int:
@@ -257,7 +245,7 @@ def _slot_worker(named: tuple[str, ...], gpus: int, slot_gb: float) -> WorkerCap
 def this_worker() -> WorkerCapacity:
     """The capacity of the worker process calling this (from its environment and
     settings), its GPUs leased (``lease_devices``)."""
-    devices = parse_devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    devices = tuple(parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")))
     gpus = settings.LAB_WORKER_GPUS if settings.LAB_WORKER_GPUS is not None else len(devices)
     if devices and gpus < len(devices):
         devices = devices[:gpus]
