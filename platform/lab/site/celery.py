@@ -19,6 +19,8 @@ import os
 from celery import Celery
 from django.conf import settings
 
+from lab.jobs import fs_broker  # noqa: F401  (filesystem:// writes whole messages)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.site.settings")
 
 app = Celery("lab.site")
