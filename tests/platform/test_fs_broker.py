@@ -57,7 +57,7 @@ def test_an_undecodable_message_is_set_aside_and_the_next_one_delivered(broker):
     conn, folders = broker
     queue = conn.SimpleQueue("torn")
     # What a stock kombu producer leaves between creating and writing its file.
-    empty = folders["queue"] / "1_00000000-0000-0000-0000-000000000000.torn.msg"
+    empty = folders["queue"] / "000000000000001_00000000-0000-0000-0000-000000000000.torn.msg"
     empty.write_bytes(b"")
     queue.put({"run": 8})
     assert queue.get(block=False).payload == {"run": 8}
