@@ -18,7 +18,7 @@ In at most ``--budget-s`` seconds on one GPU it records:
    tokens, fp32 with TF32 off; bf16 beside it for scale).
 6. ``same_seed``: the spread of two same-seed short runs, with
    ``run.deterministic`` off and on.
-7. ``gpu_tests``: the ``gpu``-marked tests.
+7. ``gpu_tests``: the ``gpu``-marked tests (``tests/trainer/test_gpu.py``).
 
 It writes ``device_check.json`` and ``device_check.md`` into ``--out``. Without
 CUDA (or with ``--dry``) every check runs its code path at a tiny shape on the
@@ -48,6 +48,7 @@ from bench.common import environment
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "device_check"
+GPU_TESTS = ["tests/trainer/test_gpu.py"]  # every gpu-marked test (tests/test_guards.py)
 # Dense bf16 tensor-core peaks (FLOP/s) by device name, from the vendors' data sheets
 # (SXM parts; without sparsity). A device not listed gets no MFU.
 BF16_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -386,12 +387,20 @@ def same_seed(ctx: Context) -> dict[str, Any]:
 def gpu_tests(ctx: Context) -> dict[str, Any]:
     if ctx.device.type != "cuda":
         return _skipped("needs CUDA: the gpu-marked tests skip themselves on a CPU")
+    # --noconftest: the GPU tests need only the trainer's dependencies, not the
+    # platform's (tests/conftest.py configures Django).
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *GPU_TESTS, "-m", "gpu", "--noconftest", "-q",
+         "-p", "no:cacheprovider", "-rf"],
         cwd=ROOT, capture_output=True, text=True, timeout=max(ctx.left(), 60),
     )  # fmt: skip
-    tail = done.stdout.strip().splitlines()[-1:] or [""]
-    return {"status": "ran" if done.returncode in (0, 5) else "failed", "summary": tail[0]}
+    lines = done.stdout.strip().splitlines()
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return {
+        "status": "ran" if done.returncode == 0 else "failed",
+        "summary": (lines[-1:] or [""])[0],
+        "failed": [line[:400] for line in failed],
+    }
 
 
 CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {

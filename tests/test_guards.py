@@ -1,5 +1,6 @@
 """Guards for the two layout traps (docs/design.md section 1)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,17 @@ def test_no_product_file_over_500_lines():
             if n > MAX_PRODUCT_LINES:
                 long.append(f"{path.relative_to(ROOT)}: {n} lines")
     assert long == []
+
+
+def test_the_device_check_runs_every_gpu_test():
+    """bench/device_check.py runs the gpu-marked tests by file (with --noconftest,
+    so a GPU host needs only the trainer's dependencies): a gpu test in any other
+    file would never run anywhere."""
+    from bench.device_check import GPU_TESTS
+
+    marked = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if re.search(r"pytest\.mark\.gpu\b", path.read_text())
+    )
+    assert marked == sorted(GPU_TESTS)
