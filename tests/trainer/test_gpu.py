@@ -125,6 +125,16 @@ def test_a_rollout_without_eos_makes_no_host_sync():
         engine.generate(prompts, mask, max_new_tokens=12, eos_id=None)
 
 
+def test_a_compiled_rollout_without_eos_makes_no_host_sync():
+    """The captured decode step replayed per token, the column advanced on the device."""
+    engine = _engine("fp32", decode="compiled")
+    prompts, mask = _prompts()
+    for _ in range(3):  # compile, record the graph, replay it
+        engine.generate(prompts, mask, max_new_tokens=12, eos_id=None)
+    with no_host_sync():
+        engine.generate(prompts, mask, max_new_tokens=12, eos_id=None)
+
+
 # --------------------------------------------------------------------------- backends
 def test_auto_backend_is_the_fused_kernel_where_it_exists_and_padded_elsewhere():
     major = device_capability(CUDA)[0]

@@ -274,6 +274,10 @@ class RolloutEngine(EngineWeights, EngineForward):
         # check after every token.
         stream = sampling_stream(generator, self.device) if temperature > 0 else None
         stream_state, stream_from, step = None, 0, -1
+        # The compiled step takes the column as a device tensor, advanced in place:
+        # a fresh torch.tensor([col]) per token would be a host-to-device copy
+        # (a sync on CUDA) and a new input for the captured graph each time.
+        col_t = torch.full((1,), p, dtype=torch.long, device=self.device) if compiled else None
         for step in range(max_new_tokens):
             col = p + step
             if stream is not None and stop_ids is not None and step % self.stop_check_every == 0:
@@ -301,10 +305,10 @@ class RolloutEngine(EngineWeights, EngineForward):
             # Feed the sampled token (the next position id = real tokens before it).
             if use_kv_cache:
                 if compiled:  # the fixed-shape step: the whole cache, the column as data
-                    col_t = torch.tensor([col], device=self.device)
                     next_logits = self._compiled_step(
                         tokens[:, col], n_real, col_t, key_bias, routing
                     )
+                    col_t += 1
                 else:
                     next_logits = self._decode(
                         tokens[:, col],
