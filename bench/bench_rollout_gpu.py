@@ -1,0 +1,132 @@
+"""Whole rollouts on a GPU: eager against compiled decode, bf16 against fp8 and fp32.
+
+One ``RolloutEngine.generate`` of a fixed length (no stop token, so every
+variant decodes the same number of steps) on a ``gpu-*`` preset's model, at a
+small batch (where launch overhead rules, and a captured decode step should
+help) and at the preset's rollout batch. Variants:
+
+* ``bf16 eager``: what GPU presets run today;
+* ``bf16 compiled``: ``rollout.decode=compiled``, the decode step captured as
+  a CUDA graph (``torch.compile(mode="reduce-overhead")``);
+* ``fp8 eager``: ``rollout.precision=fp8`` with the capability's native
+  e4m3 GEMMs (``torch._scaled_mm`` / ``_scaled_grouped_mm`` on sm90);
+* ``fp32 eager`` and ``fp32 compiled``: the zero-gap control's engine.
+
+Times are CUDA-synchronised medians of ``--repeats`` calls after two warm-up
+calls; a compiled variant's first call (compile and capture) is reported apart.
+
+    python -m bench.bench_rollout_gpu [--preset gpu-moe16-grpo] [--dry]
+
+``--dry`` (or no CUDA): the tiny preset on the CPU at a tiny batch, eager
+variants only; it checks the script, not a device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import environment
+from trainer.config.presets import resolve_preset
+from trainer.devices.capability import device_capability
+from trainer.model import TransformerLM
+from trainer.model.dispatch import choose_backend
+from trainer.rollout.engine import RolloutEngine
+
+VARIANTS = [("bf16", "eager"), ("bf16", "compiled"), ("fp8", "eager"),
+            ("fp32", "eager"), ("fp32", "compiled")]  # fmt: skip
+VOCAB = 512  # the arithmetic task's vocabulary is smaller; 512 keeps the LM head realistic-ish
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def measure(preset: str, batch: int, prompt: int, new: int, precision: str, decode: str,
+            device: torch.device, repeats: int) -> dict:  # fmt: skip
+    cfg = resolve_preset(preset).model
+    torch.manual_seed(0)
+    policy = TransformerLM(cfg, VOCAB)
+    engine = RolloutEngine(cfg, VOCAB, precision=precision, device=device, decode=decode)
+    engine.load_weights(policy.state_dict())
+    del policy
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(3, VOCAB, (batch, prompt), generator=gen).to(device)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+
+    def rollout():
+        engine.generate(tokens, mask, max_new_tokens=new, temperature=1.0, eos_id=None)
+
+    first = _timed(rollout, device)  # compile and capture, for a compiled step
+    _timed(rollout, device)
+    seconds = statistics.median(_timed(rollout, device) for _ in range(repeats))
+    return {
+        "preset": preset,
+        "batch": batch,
+        "precision": precision,
+        "decode": decode,
+        "fp8": engine.fp8_mode,
+        "moe_backend": choose_backend(
+            engine.moe_backend, device.type, engine.num.dtype, device_capability(device)
+        ),
+        "first_call_s": round(first, 3),
+        "rollout_s": round(seconds, 4),
+        "tokens_per_s": round(batch * new / seconds),
+        "ms_per_decode_step": round(1000 * seconds / new, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="gpu-moe16-grpo")
+    parser.add_argument("--batches", type=int, nargs="*", default=[64, 1024])
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dry", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/rollout_gpu.json"))
+    args = parser.parse_args(argv)
+    dry = args.dry or not torch.cuda.is_available()
+    device = torch.device("cpu") if dry else torch.device("cuda", 0)
+    preset, batches, new = ("moe-grpo", [4], 8) if dry else (args.preset, args.batches, args.new)
+    variants = [v for v in VARIANTS if v[1] == "eager"] if dry else VARIANTS
+    rows = []
+    for batch in batches:
+        for precision, decode in variants:
+            try:
+                row = measure(preset, batch, args.prompt if not dry else 8, new, precision,
+                              decode, device, 1 if dry else args.repeats)  # fmt: skip
+            except Exception as exc:  # one variant that cannot run must not hide the others
+                row = {"preset": preset, "batch": batch, "precision": precision,
+                       "decode": decode, "error": f"{type(exc).__name__}: {exc}"[:300]}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            _write(args.out, dry, new, rows)  # a run stopped by a time limit keeps its rows
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return _write(args.out, dry, new, rows)
+
+
+def _write(out: Path, dry: bool, new: int, rows: list[dict]) -> dict:
+    report = {"dry": dry, "environment": environment(), "new_tokens": new, "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
