@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from bench.common import environment
 from trainer.config.presets import resolve_preset
@@ -71,6 +72,7 @@ def measure(preset: str, batch: int, prompt: int, new: int, precision: str, deco
     def rollout():
         engine.generate(tokens, mask, max_new_tokens=new, temperature=1.0, eos_id=None)
 
+    skips_before = counters["inductor"]["cudagraph_skips"]
     first = _timed(rollout, device)  # compile and capture, for a compiled step
     _timed(rollout, device)
     seconds = statistics.median(_timed(rollout, device) for _ in range(repeats))
@@ -83,6 +85,10 @@ def measure(preset: str, batch: int, prompt: int, new: int, precision: str, deco
         "moe_backend": choose_backend(
             engine.moe_backend, device.type, engine.num.dtype, device_capability(device)
         ),
+        # compiled: whether inductor captured the step as a CUDA graph
+        "cuda_graph": None
+        if decode != "compiled" or device.type != "cuda"
+        else counters["inductor"]["cudagraph_skips"] == skips_before,
         "first_call_s": round(first, 3),
         "rollout_s": round(seconds, 4),
         "tokens_per_s": round(batch * new / seconds),

@@ -125,14 +125,22 @@ def test_a_rollout_without_eos_makes_no_host_sync():
         engine.generate(prompts, mask, max_new_tokens=12, eos_id=None)
 
 
-def test_a_compiled_rollout_without_eos_makes_no_host_sync():
-    """The captured decode step replayed per token, the column advanced on the device."""
-    engine = _engine("fp32", decode="compiled")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_compiled_rollout_is_a_cuda_graph_and_makes_no_host_sync(precision):
+    """The decode step captured once and replayed per token, the column advanced on
+    the device. Inductor counts every graph it declines to capture (a step that
+    writes an input it was not told is static, a CPU tensor, ...)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = _engine(precision, decode="compiled")
     prompts, mask = _prompts()
     for _ in range(3):  # compile, record the graph, replay it
         engine.generate(prompts, mask, max_new_tokens=12, eos_id=None)
     with no_host_sync():
         engine.generate(prompts, mask, max_new_tokens=12, eos_id=None)
+    assert counters["inductor"]["cudagraph_skips"] == 0
 
 
 # --------------------------------------------------------------------------- backends

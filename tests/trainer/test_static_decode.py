@@ -180,3 +180,26 @@ def test_a_compiled_rollout_samples_what_the_eager_one_does():
     b = compiled.generate(prompts, mask, max_new_tokens=NEW, temperature=0.0, eos_id=eos)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.attention_mask, b.attention_mask)
     torch.testing.assert_close(b.logprobs, a.logprobs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_compiled_step_marks_the_engines_tensors_static(monkeypatch):
+    """CUDA-graph trees let a graph write only into static inputs and copy every
+    other input into the graph's pool before each replay: the step marks the
+    weights, the KV cache and the kept routing buffer (torch.compile stood in by
+    the plain function: the marking happens outside the graph)."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    cfg = resolve_preset("moe-grpo").model
+    torch.manual_seed(0)
+    engine = RolloutEngine(cfg, VOCAB, precision="fp32", decode="compiled")
+    engine.load_weights(TransformerLM(cfg, VOCAB).state_dict())
+    prompts = torch.randint(3, VOCAB, (B, P), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    first = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)
+    kept = engine._kept_routing
+    weights = [engine.tok_emb, engine.lm_head, engine.layers[0].attn_norm, engine.layers[0].router]
+    for t in (*weights, *engine._cache, kept, engine._rope, engine._slots):
+        assert getattr(t, "_dynamo_static_input_type", None) == "unguarded"
+    second = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)
+    assert engine._kept_routing is kept  # one buffer, one address, rollout after rollout
+    # each rollout returns its own copy of the routing, not the kept buffer
+    assert first.routing.indices.data_ptr() != second.routing.indices.data_ptr() != kept.data_ptr()

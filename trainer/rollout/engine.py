@@ -118,6 +118,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope: torch.Tensor | None = None
         self._slots: torch.Tensor | None = None
+        self._kept_routing: torch.Tensor | None = None  # the compiled step's (_routing_buffer)
         # Expert parallelism (trainer.model.expert_parallel): this rank holds the
         # experts of ``expert_shard`` only; load_weights then takes those slices and
         # every MoE layer sends its rows to their experts' rank and back.
@@ -241,8 +242,10 @@ class RolloutEngine(EngineWeights, EngineForward):
         total = p + max_new_tokens
         tokens, mask = self._prompt_buffers(prompt_tokens, prompt_mask, total, pad_id)
         prompt_valid = mask[:, :p]
-        routing = self._routing_buffer(b, total)
         compiled = use_kv_cache and self.decode == "compiled"
+        # A compiled step writes the routing in place, into a buffer that keeps its
+        # address from rollout to rollout (static for a CUDA graph, static_decode.mark_static).
+        routing = self._routing_buffer(b, total, reuse=compiled)
         if use_kv_cache:
             self._static_cache(b, total)
             if self.pos_emb is None:
@@ -399,15 +402,20 @@ class RolloutEngine(EngineWeights, EngineForward):
         if not self.loaded:
             raise RuntimeError("call load_weights(model.state_dict()) before generating")
 
-    def _routing_buffer(self, batch: int, length: int) -> torch.Tensor | None:
+    def _routing_buffer(self, batch: int, length: int, reuse: bool = False) -> torch.Tensor | None:
+        """(L_moe, B, length, k) zeros; ``reuse``: the engine's kept buffer of that
+        shape, zeroed (callers copy out what they return)."""
         n_moe = self.n_moe_layers
         if not n_moe:
             return None
-        return torch.zeros(
-            (n_moe, batch, length, self.cfg.top_k),
-            dtype=index_dtype(self.cfg.n_experts),
-            device=self.device,
-        )
+        shape = (n_moe, batch, length, self.cfg.top_k)
+        kept = self._kept_routing
+        if reuse and kept is not None and kept.shape == shape:
+            return kept.zero_()
+        buffer = torch.zeros(shape, dtype=index_dtype(self.cfg.n_experts), device=self.device)
+        if reuse:
+            self._kept_routing = buffer
+        return buffer
 
 
 def prompt_logprobs(

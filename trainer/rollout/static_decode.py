@@ -25,7 +25,7 @@ on the CPU: bench/bench_decode_compile.py, docs/benchmarks.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -110,6 +110,7 @@ def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeSte
         return decode_static(engine, token, position, col, key_bias, routing_out)
 
     compiled = torch.compile(static_step, dynamic=False, mode=mode)
+    marked: set[int] = set()  # ids of the buffers already marked (cache, routing, rope)
 
     def step(token, position, col, key_bias, routing_out):
         # The dispatch's slot index buffer is engine state the step would otherwise
@@ -118,6 +119,52 @@ def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeSte
         rows = token.shape[0] * engine.cfg.top_k
         if engine.cfg.is_moe and (engine._slots is None or engine._slots.numel() < rows):
             engine._slots = torch.arange(rows, device=token.device)
+        buffers = (*engine._cache, routing_out, engine._rope, engine._slots)
+        if {id(b) for b in buffers} - marked:  # new buffers: a new batch size or length
+            mark_static(engine_tensors(engine))
+            mark_static(buffers)
+            marked.update(id(b) for b in buffers)
         return compiled(token, position, col, key_bias, routing_out)
 
     return step
+
+
+def mark_static(tensors: Iterable[torch.Tensor | None]) -> None:
+    """Tell ``torch.compile`` that these tensors keep their address from call to call.
+
+    Under ``mode="reduce-overhead"`` inductor's CUDA-graph trees let a graph
+    write in place only into such static inputs; the decode step writes the KV
+    cache and the routing buffer, and with them unmarked inductor skipped the
+    graph ("skipping cudagraphs due to mutated inputs", seen on an H200,
+    docs/gpu.md). Static inputs are also not copied into the graph's memory
+    pool before each replay, which matters for the weights. transformers'
+    StaticCache marks its cache the same way. ``guard=False``: no recompile
+    when an address changes (a new batch size brings new shapes anyway), the
+    graph is recorded again. No effect without CUDA graphs.
+    """
+    for t in tensors:
+        if t is not None and getattr(t, "_dynamo_static_input_type", None) is None:
+            torch._dynamo.mark_static_address(t, guard=False)
+
+
+def engine_tensors(engine: RolloutEngine) -> Iterator[torch.Tensor]:
+    """Every tensor held by the engine (weights in whatever container its precision
+    stores them, embeddings, the head, rope frequencies), found by walking its
+    attributes and those of the trainer's own objects it holds."""
+    seen: set[int] = set()
+
+    def walk(value: object, depth: int) -> Iterator[torch.Tensor]:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                yield value
+        elif depth == 0:
+            return
+        elif isinstance(value, list | tuple):
+            for item in value:
+                yield from walk(item, depth - 1)
+        elif type(value).__module__.startswith("trainer.") and hasattr(value, "__dict__"):
+            for item in vars(value).values():
+                yield from walk(item, depth - 1)
+
+    yield from walk(engine, 5)
