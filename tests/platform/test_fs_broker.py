@@ -92,3 +92,34 @@ def test_no_message_is_torn_or_lost_while_a_writer_and_a_reader_race(broker):
     assert sorted(seen) == list(range(total))
     assert not (folders["processed"] / fs_broker.REJECTED_FOLDER).exists()
     assert [p.name for p in Path(folders["queue"]).iterdir()] == []
+
+
+def test_two_consumers_of_one_queue_get_each_message_exactly_once(broker):
+    """Workers of one queue poll the same folder: a claim is a rename within it, so
+    one consumer wins each message and the other moves on."""
+    conn, folders = broker
+    total = 300
+    queue = conn.SimpleQueue("shared")
+    for i in range(total):
+        queue.put({"i": i})
+    received: list[list[int]] = [[], []]
+
+    def consume(mine: list[int]):
+        with Connection("filesystem://", transport_options=conn.transport_options) as c:
+            q = c.SimpleQueue("shared")
+            while True:
+                try:
+                    message = q.get(block=False)
+                except Empty:
+                    return
+                mine.append(message.payload["i"])
+                message.ack()
+
+    threads = [threading.Thread(target=consume, args=(mine,)) for mine in received]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queue.close()
+    assert sorted(received[0] + received[1]) == list(range(total))
+    assert [p.name for p in Path(folders["queue"]).iterdir()] == []

@@ -9,7 +9,9 @@ killed and restarted.
 
 This channel writes each message to a hidden temporary name in the same folder
 and renames it into place (`os.replace` is atomic within one filesystem), so a
-reader sees either no message or the whole of it. A reader that still finds a
+reader sees either no message or the whole of it. A reader claims a message by
+renaming it to a hidden name in the same folder, so that of several consumers
+polling one queue exactly one gets it. A reader that still finds a
 message it cannot decode (written by an older producer, or a truncated disk)
 sets it aside under ``<processed>/rejected/`` and goes on: the database is the
 state of record and a message is only a wake-up (docs/design.md, "processes"),
@@ -24,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -84,31 +85,38 @@ class Channel(filesystem.Channel):
             try:
                 message = loads(payload.decode())
             except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                self._reject(taken, len(payload))
+                self._set_aside(taken, filename, REJECTED_FOLDER)
+                log.warning("Dropped an undecodable broker message %s (%d bytes)",
+                            filename, len(payload))  # fmt: skip
                 continue
-            if not self.store_processed:
+            if self.store_processed:
+                self._set_aside(taken, filename)
+            else:
                 taken.unlink(missing_ok=True)
             return message
         raise Empty()
 
     def _take(self, filename: str) -> Path | None:
-        """Move a message out of the queue folder; None if it is already gone."""
-        folder = Path(self.processed_folder if self.store_processed else tempfile.gettempdir())
+        """Claim a message by renaming it, in its own folder, to a hidden name: one
+        rename within one folder is atomic, so of several consumers exactly one
+        gets it (kombu's stock channel moves it to the temporary folder, which on
+        another filesystem is a copy that two consumers can both make). None if
+        another consumer took it first."""
+        claimed = Path(self.data_folder_in) / f".taken-{uuid.uuid4().hex}-{filename}"
         try:
-            return Path(shutil.move(os.path.join(self.data_folder_in, filename), folder))
+            os.rename(os.path.join(self.data_folder_in, filename), claimed)
         except OSError:
             return None
+        return claimed
 
-    def _reject(self, taken: Path, size: int) -> None:
-        """Keep an undecodable message for inspection instead of stopping the worker."""
-        rejected = Path(self.processed_folder) / REJECTED_FOLDER
+    def _set_aside(self, taken: Path, filename: str, subfolder: str = "") -> None:
+        """Keep a read (or rejected) message under the processed folder for inspection."""
+        folder = Path(self.processed_folder) / subfolder
         try:
-            rejected.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(taken), rejected / taken.name)
-            where = rejected / taken.name
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(taken), folder / filename)
         except OSError:
-            where = taken
-        log.warning("Dropped an undecodable broker message (%d bytes), kept at %s", size, where)
+            taken.unlink(missing_ok=True)
 
 
 class Transport(filesystem.Transport):
