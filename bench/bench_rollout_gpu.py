@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
 
-from bench.common import environment
+from bench.common import environment, median_device_seconds
 from trainer.config.presets import resolve_preset
 from trainer.devices.capability import device_capability
 from trainer.model import TransformerLM
@@ -41,20 +39,7 @@ from trainer.rollout.engine import RolloutEngine
 
 VARIANTS = [("bf16", "eager"), ("bf16", "compiled"), ("fp8", "eager"),
             ("fp32", "eager"), ("fp32", "compiled")]  # fmt: skip
-VOCAB = 512  # the arithmetic task's vocabulary is smaller; 512 keeps the LM head realistic-ish
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
+VOCAB = 512  # larger than the arithmetic task's, so the LM head is not a negligible GEMM
 
 
 def measure(preset: str, batch: int, prompt: int, new: int, precision: str, decode: str,
@@ -73,9 +58,9 @@ def measure(preset: str, batch: int, prompt: int, new: int, precision: str, deco
         engine.generate(tokens, mask, max_new_tokens=new, temperature=1.0, eos_id=None)
 
     skips_before = counters["inductor"]["cudagraph_skips"]
-    first = _timed(rollout, device)  # compile and capture, for a compiled step
-    _timed(rollout, device)
-    seconds = statistics.median(_timed(rollout, device) for _ in range(repeats))
+    # the first call apart (compile and capture, for a compiled step), one more warm-up
+    first = median_device_seconds(rollout, device, repeats=1, warmups=0)
+    seconds = median_device_seconds(rollout, device, repeats, warmups=1)
     return {
         "preset": preset,
         "batch": batch,

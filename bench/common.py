@@ -148,6 +148,25 @@ def measure(
     return watch.elapsed(), result
 
 
+def median_device_seconds(
+    fn: Callable[[], object], device, repeats: int, warmups: int = 2
+) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn`` after ``warmups`` untimed
+    ones, each call between two ``trainer.devices.run_mode.phase_clock`` reads (the
+    device synchronised on CUDA: kernels are asynchronous). For GPU checks, where
+    the host's CPU time says nothing about the device's."""
+    from trainer.devices.run_mode import phase_clock
+
+    for _ in range(warmups):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = phase_clock(device)
+        fn()
+        samples.append(phase_clock(device) - start)
+    return statistics.median(samples)
+
+
 def set_threads(threads: int = 1) -> int:
     """torch's intra-op threads (1 unless a bench is about threads); returns it."""
     import torch

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from bench.common import environment
+from bench.common import environment, median_device_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "device_check"
@@ -66,22 +66,6 @@ class Context:
 
 def _skipped(reason: str) -> dict[str, Any]:
     return {"status": "skipped", "reason": reason}
-
-
-def _median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median seconds of ``fn`` after two warm-up calls; synchronised on CUDA."""
-    for _ in range(2):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 # --------------------------------------------------------------------------- 1. step times
@@ -187,7 +171,7 @@ def rollout(ctx: Context) -> dict[str, Any]:
                         min_new_tokens=new_tokens, do_sample=True, pad_token_id=0)  # fmt: skip
 
     repeats = 1 if ctx.dry else 3
-    times = {name: _median_time(fn, ctx.device, repeats) for name, fn in
+    times = {name: median_device_seconds(fn, ctx.device, repeats) for name, fn in
              (("engine", ours), ("transformers", theirs))}  # fmt: skip
     tokens = batch * new_tokens
     return {
@@ -239,8 +223,8 @@ def moe_layer(ctx: Context) -> dict[str, Any]:
 
     repeats = 2 if ctx.dry else 10
     seconds = {
-        "moe": _median_time(step(lambda t: moe(t)[0]), ctx.device, repeats),
-        "dense_active": _median_time(step(dense), ctx.device, repeats),
+        "moe": median_device_seconds(step(lambda t: moe(t)[0]), ctx.device, repeats),
+        "dense_active": median_device_seconds(step(dense), ctx.device, repeats),
     }
     active = 3 * d * hidden * top_k + d * experts  # SwiGLU experts routed to, and the router
     flops = 6 * active * tokens  # forward 2, backward 4 FLOPs per parameter and token
@@ -283,8 +267,10 @@ def _collective_rank(rank: int, world: int, backend: str, port: int, size_mb: in
 
     # Each collective waits for every rank, so the ranks' timings stay in step.
     seconds = {
-        "all_reduce": _median_time(lambda: dist.all_reduce(data), device, repeats=5),
-        "all_to_all": _median_time(lambda: dist.all_to_all_single(out, data), device, repeats=5),
+        "all_reduce": median_device_seconds(lambda: dist.all_reduce(data), device, repeats=5),
+        "all_to_all": median_device_seconds(
+            lambda: dist.all_to_all_single(out, data), device, repeats=5
+        ),
     }
     if rank == 0:
         queue.put(seconds)

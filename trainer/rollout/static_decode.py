@@ -121,8 +121,7 @@ def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeSte
             engine._slots = torch.arange(rows, device=token.device)
         buffers = (*engine._cache, routing_out, engine._rope, engine._slots)
         if {id(b) for b in buffers} - marked:  # new buffers: a new batch size or length
-            mark_static(engine_tensors(engine))
-            mark_static(buffers)
+            mark_static([*engine_tensors(engine), routing_out])
             marked.update(id(b) for b in buffers)
         return compiled(token, position, col, key_bias, routing_out)
 

@@ -51,7 +51,7 @@ def is_message_of(filename: str, queue: str) -> bool:
     return not filename.startswith(".") and filename.partition(".")[2] == f"{queue}.msg"
 
 
-def write_atomically(folder: str | os.PathLike, filename: str, data: bytes) -> Path:
+def write_atomically(folder: str | os.PathLike, filename: str, data: bytes) -> None:
     """Write ``data`` to ``folder/filename`` so that no reader sees a part of it."""
     folder = Path(folder)
     part = folder / f".{uuid.uuid4().hex}.part"
@@ -62,7 +62,6 @@ def write_atomically(folder: str | os.PathLike, filename: str, data: bytes) -> P
     except OSError as exc:
         part.unlink(missing_ok=True)
         raise ChannelError(f"Cannot add file {filename!r} to directory {folder}") from exc
-    return folder / filename
 
 
 class Channel(filesystem.Channel):
