@@ -35,6 +35,7 @@ from trainer.analysis.survival import (
     run_gap,
     run_table,
 )
+from trainer.devices.environment import environments_line, group_environments
 from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
 
 ALPHA = 0.05
@@ -63,6 +64,7 @@ def load_runs(study, out: Path) -> list[dict[str, Any]]:
                     "sigma": cfg.rollout.router_noise,
                     "rows": rows,
                     "summary": summary,
+                    "environment": summary.get("environment"),
                 }
             )
     return runs
@@ -264,6 +266,9 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         "p_holm": adjusted,
         "decision": decide(dose, adjusted, pooled),
         "per_run": frame.to_dict(orient="records") if len(frame) else [],
+        "environments": group_environments(
+            [(f"{r['variant']}/seed{r['seed']}", r["environment"]) for r in runs]
+        ),
     }
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
     (out / "causal.md").write_text(markdown(report) + "\n")
@@ -346,7 +351,7 @@ def _interval(ci: Sequence[float] | None) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"Runs analysed: {report['runs']}.",
+        f"Runs analysed: {report['runs']}. " + environments_line(report.get("environments", [])),
         "",
         "| cell | sigma | runs (bases) | collapsed | collapse steps | routing gap % | k3 x1e-3 | "
         "chi2 seq | ESS seq | first-minibatch clip % | response tokens | held-out start -> end | "
