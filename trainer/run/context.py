@@ -19,7 +19,7 @@ import torch
 
 from trainer.analysis.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
-from trainer.devices.packing import apply_memory_share
+from trainer.devices.packing import apply_memory_share, indexed_device
 from trainer.devices.precision import cast_parameters
 from trainer.devices.run_mode import phase_clock
 from trainer.distributed import (
@@ -51,11 +51,14 @@ from trainer.tasks import Problem, Task, make_task
 
 
 def resolve_device(name: str) -> torch.device:
+    """``run.device`` as a torch device; CUDA always with its index (``cuda:0`` in a
+    packed slot, which sees one device): torch's per-device calls refuse a bare
+    ``cuda`` (trainer.devices.packing.indexed_device)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("run.device is 'cuda' but no CUDA device is available")
-    return torch.device(name)
+    return indexed_device(name)
 
 
 @dataclass

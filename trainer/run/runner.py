@@ -43,6 +43,7 @@ from trainer.analysis.collapse import CollapseDetector
 from trainer.analysis.survival import GAP_STEPS, mean_gap
 from trainer.config import ExperimentConfig
 from trainer.devices.environment import environment_record
+from trainer.devices.mps import mps_active
 from trainer.devices.packing import memory_share
 from trainer.devices.run_mode import device_record, numerics_mode, phase_clock
 from trainer.distributed import (
@@ -439,6 +440,8 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
             **device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
             # a packed slot's share of its GPU's memory (None: the whole device)
             "memory_share": memory_share() if device.type == "cuda" else None,
+            # a client of the study's MPS daemon (trainer.devices.mps), None off CUDA
+            "mps": mps_active() if device.type == "cuda" else None,
         },
         # The machine: CPU model and capability, torch and BLAS build, GPUs (a CPU
         # run's bits depend on them; trainer/devices/environment.py).
