@@ -96,8 +96,10 @@ def package_cycles() -> list[list[str]]:
         for e in edges:
             source = ".".join(e.source.split(".")[:d])
             target = ".".join(e.target.split(".")[:d])
-            if source != target and not target.startswith(source + ".") and not (
-                source.startswith(target + ".")
+            if (
+                source != target
+                and not target.startswith(source + ".")
+                and not (source.startswith(target + "."))
             ):
                 graph.setdefault(source, set()).add(target)
         cycles += strongly_connected(graph)
