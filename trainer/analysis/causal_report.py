@@ -336,11 +336,22 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         "p_raw": raw,
         "p_holm": adjusted,
         "decision": decide(dose, adjusted, pooled),
+        "registration": getattr(study, "analysis", None) or "causal",
         "per_run": frame.to_dict(orient="records") if len(frame) else [],
         "environments": group_environments(
             [(f"{r['variant']}/seed{r['seed']}", r["environment"]) for r in runs]
         ),
     }
+    if report["registration"] == "edge":  # the near-edge study's own registered tests
+        from trainer.analysis.edge_tests import decide_edge, edge_tests
+
+        controls = [r for r in no_replay_moe if r["sigma"] == 0]
+        report["registered"] = edge_tests(frame) if len(frame) else {}
+        report["decision"] = decide_edge(
+            report["registered"],
+            sum(bool(r["summary"]["collapsed"]) for r in controls),
+            len(controls),
+        )
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
     (out / "causal.md").write_text(markdown(report) + "\n")
     if runs:

@@ -66,7 +66,7 @@ def run_study(study: StudyDefinition, out: Path, extra: list[str] = ()) -> dict[
                 print(f"  [{i}/{len(jobs)}] {run_dir}  ({time.perf_counter() - t0:.0f}s)")
     results = collect_results(study, out)
     write_report(study, results, out)
-    if study.analysis == "causal":
+    if study.analysis in ("causal", "edge"):
         from trainer.analysis.causal_report import causal_report
 
         causal_report(study, out)
