@@ -26,7 +26,7 @@ def _frame(rng, gap_hr: float, r3_hr: float, runs: int = 24, horizon: int = 200)
             t = rng.exponential(1 / rate)
             records.append(
                 {"variant": name, "seed": seed, "base": seed % 8, "moe": moe, "r3": r3,
-                 "sigma": sigma, "gap10": gap / GAP_UNIT if moe else 0.0,
+                 "sigma": sigma, "precision": "fp32", "gap10": gap / GAP_UNIT if moe else 0.0,
                  "time": float(min(math.ceil(t), horizon)), "event": int(t < horizon)}
             )  # fmt: skip
     return pd.DataFrame.from_records(records)

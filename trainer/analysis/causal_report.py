@@ -63,6 +63,7 @@ def load_runs(study, out: Path) -> list[dict[str, Any]]:
                     "moe": cfg.model.is_moe,
                     "r3": cfg.stabilizers.replay.mode == "r3",
                     "sigma": cfg.rollout.router_noise,
+                    "precision": cfg.rollout.precision,
                     "rows": rows,
                     "summary": summary,
                     "environment": summary.get("environment"),
@@ -188,15 +189,16 @@ CLUSTERED_KEYS = ("bases", "cluster_base", "wild_cluster", "bases_positive")
 
 
 def replay_contrasts(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each MoE+R3 cell against the MoE cell without replay at the same router noise,
-    paired by seed (so by base), with base-clustered inference (``paired_contrasts``)."""
-    cells: dict[tuple[bool, float], str] = {}
+    """Each MoE+R3 cell against the MoE cell without replay at the same router noise and
+    rollout precision, paired by seed (so by base), with base-clustered inference (``paired_contrasts``)."""
+    cells: dict[tuple[bool, float, str], str] = {}
     for run in runs:
         if run["moe"]:
-            cells.setdefault((run["r3"], run["sigma"]), run["variant"])
+            key = (run["r3"], run["sigma"], run.get("precision", "fp32"))
+            cells.setdefault(key, run["variant"])
     out = {}
-    for (r3, sigma), name in cells.items():
-        partner = cells.get((False, sigma))
+    for (r3, sigma, precision), name in cells.items():
+        partner = cells.get((False, sigma, precision))
         if r3 and partner is not None:
             pair = [r for r in runs if r["variant"] in (name, partner)]
             contrast = paired_contrasts(pair, partner).get(name)

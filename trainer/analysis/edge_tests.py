@@ -7,8 +7,10 @@ The registration fixes, before the study's first run:
   inconsistency of its first 10 steps, per 10 points), one baseline hazard,
   robust (sandwich) errors clustered by base; two-sided Wald test. The
   hypothesis: HR > 1.
-* S1 (R3): on the runs at the largest gap with and without replay, a Cox model
-  on ``r3``, clustered by base. The hypothesis: HR < 1.
+* S1 (R3): on the runs at the largest gap (the dose, router noise and engine
+  precision, whose no-replay runs have the largest mean gap) with and
+  without replay, a Cox model on ``r3``, clustered by base. The hypothesis:
+  HR < 1.
 * S2 (architecture): on the zero-gap runs, MoE against dense, clustered by
   base. Descriptive: is the regime MoE-fragile by itself?
 * P1, S1 and S2 are Holm-adjusted together (family-wise alpha 0.05).
@@ -52,10 +54,14 @@ def edge_tests(frame) -> dict[str, Any]:
     """P1, S1, S2 on a ``trainer.analysis.survival.run_table`` frame, Holm-adjusted."""
     moe = frame[frame["moe"] == 1]
     no_replay = moe[moe["r3"] == 0]
-    # The largest-gap cells: the no-replay runs at the highest router noise and the
-    # R3 runs at the same noise.
-    top = no_replay["sigma"].max() if len(no_replay) else None
-    at_top = moe[moe["sigma"] == top] if top else moe.iloc[0:0]
+    # The largest-gap cells: the no-replay dose (router noise, engine precision) with
+    # the largest mean measured gap, and the R3 runs at the same dose.
+    at_top = moe.iloc[0:0]
+    if len(no_replay):
+        gaps = no_replay.groupby(["sigma", "precision"])["gap10"].mean()
+        sigma, precision = gaps.idxmax()
+        if gaps.max() > 0:
+            at_top = moe[(moe["sigma"] == sigma) & (moe["precision"] == precision)]
     zero = frame[(frame["r3"] == 0) & ((frame["moe"] == 0) | (frame["gap10"] < 0.05))]
     tests = {
         "P1": _cox(no_replay, "gap10"),

@@ -84,6 +84,7 @@ def run_table(runs: Iterable[dict[str, Any]]):
                 if run["moe"]
                 else 0.0,
                 "sigma": float(run.get("sigma", 0.0)),
+                "precision": run.get("precision", "fp32"),
                 "time": float(s["collapse_step"] if collapsed else s["steps"]),
                 "event": int(collapsed),
             }
