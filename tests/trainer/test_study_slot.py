@@ -13,7 +13,7 @@ import torch
 from trainer.cli import main as cli_main
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
+from trainer.devices.environment import cpu_key
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.run.runner import train
 from trainer.run.warmstart import cache_dir, train_base_policy, warm_start_key
@@ -23,6 +23,7 @@ from trainer.studies.budget import Job, StepRow, plan
 from trainer.studies.definition import StudyDefinition
 from trainer.studies.study import run_study
 from trainer.tasks import make_task
+from trainer.validation import validate_config
 
 TINY = [
     "run.steps=3", "run.eval_every=10", "run.checkpoint_every=10",
@@ -54,10 +55,7 @@ def test_a_base_travels_by_content_and_environment(tmp_path, monkeypatch):
     key, base, device = _base(cfg)
     weights = export_base(cfg, key, device, tmp_path / "bases")
     manifest = json.loads(weights.with_suffix(".json").read_text())
-    assert (
-        weights.name
-        == f"{key}--cpu-{torch.backends.cpu.get_cpu_capability().lower()}-t1-float32.pt"
-    )
+    assert weights.name == f"{key}--cpu-{cpu_key().lower()}-t1-float32.pt"
     assert manifest["key"] == key and manifest["environment"]["device_type"] == "cpu"
     assert manifest["content"]["config_hash"] == cfg.hash("model", "task", "warm_start")
     assert held_bases(tmp_path / "bases") == {manifest["content"]["config_hash"]}

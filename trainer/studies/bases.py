@@ -9,10 +9,11 @@ on warm starts (on the H200, 4 bases took most of a 100 s budget and 1 RL run of
   accuracy, SFT steps; ``trainer.run.warmstart``), fp32 as trained;
 * ``NAME.json``: the manifest: the content key (``warm_start_key``: a hash of
   the model, task and warm_start sections, of the input files' contents and
-  the vocabulary; on the CPU the thread count), the environment it was trained
-  in (device type, capability, the parameters' dtype; on the CPU the CPU
-  capability, the thread count; the device name and torch build for the
-  record), and the weights file's SHA-256.
+  the vocabulary; on the CPU the thread count and the CPU), the environment it
+  was trained in (device type, capability, the parameters' dtype; on the CPU
+  the CPU's capability and identity, ``trainer.devices.environment.cpu_key``,
+  and the thread count; the device name and torch build for the record), and
+  the weights file's SHA-256.
 
 ``NAME`` is ``<content key>--<environment label>``, so bases of one config
 trained on two kinds of machine sit side by side. ``trainer study ... --bases
@@ -37,6 +38,7 @@ import torch
 
 from trainer.config import ExperimentConfig
 from trainer.devices.capability import capability_label, device_capability
+from trainer.devices.environment import cpu_key
 from trainer.run.warmstart import cache_dir, warm_start_key
 
 MANIFEST_FORMAT = 1
@@ -59,18 +61,18 @@ def base_environment(device: torch.device, state: dict[str, torch.Tensor]) -> di
         "torch": torch.__version__,
     }
     if device.type == "cpu":
-        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        env["cpu"] = cpu_key()  # torch's CPU capability and the processor's identity
         env["threads"] = torch.get_num_threads()
     return env
 
 
-MATCHED = ("device_type", "capability", "dtype", "cpu_capability", "threads")
+MATCHED = ("device_type", "capability", "dtype", "cpu", "threads")
 
 
 def environment_label(env: dict[str, Any]) -> str:
-    """``cuda-sm90-float32``, ``cpu-avx2-t1-float32``: the environment part of a name."""
+    """``cuda-sm90-float32``, ``cpu-avx2-1a2b3c-t1-float32``: the environment part of a name."""
     if env["device_type"] == "cpu":
-        return f"cpu-{env['cpu_capability']}-t{env['threads']}-{env['dtype']}".lower()
+        return f"cpu-{env['cpu']}-t{env['threads']}-{env['dtype']}".lower()
     return f"{env['device_type']}-{env['capability']}-{env['dtype']}".lower()
 
 

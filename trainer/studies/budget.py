@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as K
-from trainer.run.files import SUMMARY_FILE, read_metrics
+from trainer.run_folder.files import SUMMARY_FILE, read_metrics
 
 ROWS_FILE = "step_times.json"
 SITTINGS_FILE = "sittings.jsonl"

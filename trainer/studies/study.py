@@ -28,7 +28,6 @@ from typing import Any
 
 from trainer import metric_keys as K
 from trainer.config import ExperimentConfig
-from trainer.config.validation import validate_config
 from trainer.devices.mps import mps_daemon
 from trainer.devices.packing import (
     apply_memory_share,
@@ -37,13 +36,14 @@ from trainer.devices.packing import (
     plan_slots,
 )
 from trainer.errors import FieldError
-from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
 from trainer.run.warmstart import cache_dir
+from trainer.run_folder.files import SUMMARY_FILE, read_metrics, run_succeeded
 from trainer.studies import budget
 from trainer.studies.bases import expected_key, held_bases
 from trainer.studies.budget import MIN_STEPS_TO_START
 from trainer.studies.definition import StudyDefinition, check_overrides, load_definition, select
 from trainer.studies.results import collect_results, write_report
+from trainer.validation import validate_config
 
 
 def _run_one(args: tuple[dict, str, float | None]) -> dict[str, Any]:
