@@ -70,6 +70,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.tasks.factory",
         "trainer.tasks.text_data",
         "trainer.tasks.verifiers",
+        "trainer.reward_functions",
         "trainer.config.validation",
         "trainer.run.warmstart_progress",
         "trainer.launch",
