@@ -28,7 +28,7 @@ from trainer import metric_keys as K
 from trainer.algorithms.losses import gather_logprobs
 from trainer.config import ExperimentConfig
 from trainer.rollout import RolloutEngine
-from trainer.rollout.router_noise import RouterNoise
+from trainer.rollout.router_noise import RouterNoise, noise_seed
 from trainer.run.batches import collate_prompts, repeat_for_groups
 from trainer.run.measure import expert_load, mismatch_stats, routing_mismatch
 from trainer.tasks import make_task
@@ -83,8 +83,9 @@ def calibrate_base(
     out: dict[str, Any] = {"base_accuracy": base.accuracy, "sigmas": []}
     loads_total: list[torch.Tensor] | None = None
     for sigma in sigmas:
+        # The projections every run on this base draws (trainer.rollout.router_noise.noise_seed).
         noise = RouterNoise(
-            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=cfg.run.seed
+            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=noise_seed(cfg)
         )
         engine = RolloutEngine(cfg.model, vocab, precision="fp32", router_noise=noise)
         engine.load_weights(policy.state_dict())

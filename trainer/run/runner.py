@@ -40,7 +40,10 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
+from trainer.analysis.survival import GAP_STEPS, mean_gap
 from trainer.config import ExperimentConfig
+from trainer.devices.environment import environment_record
+from trainer.devices.mps import mps_active
 from trainer.devices.packing import memory_share
 from trainer.devices.run_mode import device_record, numerics_mode, phase_clock
 from trainer.distributed import (
@@ -226,6 +229,9 @@ def _restore_or_measure_start(ctx: RunContext, inv: Invocation) -> int | None:
     if ckpt is None:
         # Measured the way every later evaluation is, so final - initial is fair.
         ctx.state.initial_accuracy = ctx.evaluate()
+        ctx.state.initial_accuracy_clean = (
+            ctx.evaluate_clean() if ctx.clean is not None else ctx.state.initial_accuracy
+        )
         return None  # also a resume without a checkpoint: start over
     check_world_size(ckpt, ctx.dist)
     if ckpt.get("sharded"):
@@ -288,10 +294,17 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
     finite = bool(metrics.pop("_finite"))
     acc = metrics[K.REWARD_ACCURACY]
     ctx.state.accuracy_history.append(acc)
+    gap = metrics.get(K.MISMATCH_ROUTING_INCONSISTENCY)
+    if gap is not None and len(ctx.state.gap_history) < GAP_STEPS:
+        ctx.state.gap_history.append(float(gap))
     if step % cfg.run.eval_every == 0 or step == cfg.run.steps - 1:
         eval_acc = ctx.evaluate()
         metrics[K.EVAL_ACCURACY] = eval_acc
         ctx.state.eval_history.append((step, eval_acc))
+        # The learning endpoint (no engine gap); the same number when the engine has none.
+        clean_acc = ctx.evaluate_clean() if ctx.clean is not None else eval_acc
+        metrics[K.EVAL_ACCURACY_CLEAN] = clean_acc
+        ctx.state.clean_eval_history.append((step, clean_acc))
     samples = int(metrics.get(K.OPTIM_BATCH_SIZE, 0)) or None  # answers this step
     if K.EVAL_ACCURACY in metrics:
         ctx.collapse.update_eval(step, metrics[K.EVAL_ACCURACY])
@@ -411,6 +424,7 @@ def _error_text(exc: Exception, dist: DistContext) -> str:
 
 def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall: float):
     evals = [acc for _, acc in state.eval_history]
+    clean = [acc for _, acc in state.clean_eval_history]
     device = resolve_device(cfg.run.device)
     return {
         "status": status,
@@ -421,16 +435,47 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
         "initial_accuracy": state.initial_accuracy,
         "final_accuracy": evals[-1] if evals else None,
         "best_accuracy": max(evals) if evals else None,
+        # The learning endpoint: held-out accuracy decoded without the engine's gap
+        # (the fields above: through the rollout engine, its gap included).
+        "initial_accuracy_clean": state.initial_accuracy_clean,
+        "final_accuracy_clean": clean[-1] if clean else None,
+        "best_accuracy_clean": max(clean) if clean else None,
         "final_batch_accuracy": state.accuracy_history[-1] if state.accuracy_history else None,
         "steps": state.step,
         "total_steps": cfg.run.steps,
         "wall_time_s": round(wall, 3),
+        "dose": _dose(cfg, state),
         # Device, capability, numerics mode and MoE backends the run used (docs/gpu.md).
         "device": {
             **device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
             # a packed slot's share of its GPU's memory (None: the whole device)
             "memory_share": memory_share() if device.type == "cuda" else None,
+            # a client of the study's MPS daemon (trainer.devices.mps), None off CUDA
+            "mps": mps_active() if device.type == "cuda" else None,
         },
+        # The machine: CPU model and capability, torch and BLAS build, GPUs (a CPU
+        # run's bits depend on them; trainer/devices/environment.py).
+        "environment": environment_record(),
+    }
+
+
+def _dose(cfg: ExperimentConfig, state: RunState) -> dict[str, Any]:
+    """The run's training-inference gap: what it was set to (router noise sigma, kind,
+    whose seed drew the projections, the rollout precision) and what it measured,
+    the routing gap over its first steps (the covariate of the causal analysis,
+    trainer.analysis.survival.run_gap; None for a dense model)."""
+    from trainer.rollout.router_noise import noise_seed
+
+    ro = cfg.rollout
+    noisy = cfg.model.is_moe and ro.router_noise > 0
+    return {
+        "rollout_precision": ro.precision,
+        "router_noise": ro.router_noise if cfg.model.is_moe else 0.0,
+        "router_noise_kind": ro.router_noise_kind if noisy else None,
+        "router_noise_draw": ro.router_noise_draw if noisy else None,
+        "projection_seed": noise_seed(cfg) if noisy and ro.router_noise_kind == "fixed" else None,
+        "routing_gap": mean_gap(state.gap_history) if cfg.model.is_moe else None,
+        "routing_gap_steps": len(state.gap_history),
     }
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from trainer.config import ExperimentConfig
 from trainer.config.validation import validate_config
+from trainer.devices.mps import mps_daemon
 from trainer.devices.packing import (
     apply_memory_share,
     claim_slot,
@@ -84,16 +87,24 @@ def _train_bases(configs: list[ExperimentConfig], parallel: int) -> None:
         pool.map(_train_base, [cfg.to_dict() for cfg in configs])
 
 
-def _slot_pool(processes: int, cfg: ExperimentConfig):
+@contextmanager
+def _slot_pool(processes: int, cfg: ExperimentConfig, mps: str = "auto") -> Iterator[Any]:
     """A pool of ``processes`` spawned processes, each holding one slot for its life
     (trainer.devices.packing): on a GPU host, round-robin over the visible GPUs with
-    each GPU's memory split among its processes; on the CPU, plain processes."""
+    each GPU's memory split among its processes, under an MPS daemon of the study's
+    own where several share a GPU and the host has MPS (trainer.devices.mps,
+    ``mps``: auto | on | off); on the CPU, plain processes."""
     ctx = mp.get_context("spawn")
     devices = _study_gpus(cfg)
-    slots = ctx.Queue()
-    for slot in plan_slots(processes, len(devices), devices or None):
-        slots.put(slot)
-    return ctx.Pool(processes, initializer=claim_slot, initargs=(slots,))
+    with mps_daemon(mps, devices, processes) as state:
+        if devices:
+            print(f"  {processes} processes on GPU(s) {','.join(devices)}; MPS: "
+                  f"{'on' if state.active else 'off (' + state.reason + ')'}", flush=True)  # fmt: skip
+        slots = ctx.Queue()
+        for slot in plan_slots(processes, len(devices), devices or None):
+            slots.put(slot)
+        with ctx.Pool(processes, initializer=claim_slot, initargs=(slots,)) as pool:
+            yield pool
 
 
 def _study_gpus(cfg: ExperimentConfig) -> list[str]:
