@@ -9,7 +9,7 @@
 A bad config prints the offending field paths and exits with code 2 before
 anything is written. A run folder held by another trainer exits with code 73
 at once; an expired lease (the supervisor stopped renewing --lease-file)
-exits with code 76 without a checkpoint (trainer/run/guard.py).
+exits with code 76 without a checkpoint (trainer/run_folder/guard.py).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from typing import Any
 
 from trainer.config import ConfigDeprecationWarning, ExperimentConfig, apply_overrides
 from trainer.config.presets import list_presets, preset_dict
-from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf.loader import resolve_model_source
-from trainer.run.files import EXIT_CODE_FILE
-from trainer.run.guard import (
+from trainer.run_folder.files import EXIT_CODE_FILE
+from trainer.run_folder.guard import (
     LEASE_EXPIRED_EXIT_CODE,
     RUN_DIR_BUSY_EXIT_CODE,
     Lease,
@@ -37,6 +36,7 @@ from trainer.run.guard import (
     die_with_launcher,
 )
 from trainer.studies.definition import BUILTIN_STUDIES
+from trainer.validation import validate_config
 
 
 def build_config(
@@ -277,7 +277,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return run_demo(Path(args.out), steps=args.steps)
         if args.command == "export":
-            from trainer.hf.export import export_run
+            from trainer.run.export import export_run
 
             out = export_run(
                 Path(args.run_dir), args.step, Path(args.out), args.dtype, replace=args.replace
@@ -292,7 +292,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print((Path(args.out) / "causal.md").read_text())
             return 0
         if args.command == "calibrate":
-            from trainer.analysis.calibration import calibrate_study
+            from trainer.studies.calibration import calibrate_study
             from trainer.studies.definition import load_definition
 
             print(

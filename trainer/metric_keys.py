@@ -104,7 +104,7 @@ TIME_WEIGHT_SYNC_S = "time/weight_sync_s"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 
 # warm start: the supervised phase before step 0, reported in RUN_DIR/progress.json
-# (trainer/run/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
+# (trainer/run_folder/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
 PHASE = "phase"  # progress.json: "warmstart" while the base policy trains, then "training"
 PHASE_WARMSTART = "warmstart"
 PHASE_TRAINING = "training"

@@ -40,7 +40,7 @@ STEPS = 12
 def _config(preset: str, steps: int, device: str, dry: bool):
     from trainer.config import apply_overrides
     from trainer.config.presets import preset_dict
-    from trainer.config.validation import validate_config
+    from trainer.validation import validate_config
 
     overrides = [
         f"run.steps={steps}", f"run.eval_every={steps + 1}", f"run.checkpoint_every={steps + 1}",
@@ -53,8 +53,8 @@ def _config(preset: str, steps: int, device: str, dry: bool):
 
 def _run(preset: str, steps: int, device: str, dry: bool) -> list[float]:
     from trainer import metric_keys as K
-    from trainer.run.files import read_metrics
     from trainer.run.runner import train
+    from trainer.run_folder.files import read_metrics
 
     with tempfile.TemporaryDirectory(prefix="packed-") as tmp:
         train(_config(preset, steps, device, dry), Path(tmp), log=lambda *_: None)

@@ -15,10 +15,10 @@ from lab.assets.roots import check_config_paths
 from lab.assets.text_files import config_decode_error
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.reward_functions import FIELD as REWARD_FIELD
 from trainer.reward_functions import permit
+from trainer.validation import validate_config
 
 Overrides = list[str] | Mapping[str, Any] | None
 

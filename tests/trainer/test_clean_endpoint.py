@@ -12,8 +12,8 @@ from test_runner import fast_config
 from trainer import metric_keys as K
 from trainer.rollout.router_noise import build_router_noise, noise_seed
 from trainer.run.context import clean_engine
-from trainer.run.files import read_metrics
 from trainer.run.runner import train
+from trainer.run_folder.files import read_metrics
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +86,7 @@ def test_the_dose_is_drawn_per_base_not_per_run_seed():
 
 def test_a_study_seed_gets_its_base_s_projection():
     """Seeds 1 and 5 of a 4-base study start from base 1: the same dose, the one the
-    per-base calibration (trainer.analysis.calibration, which seeds with noise_seed) measures."""
+    per-base calibration (trainer.studies.calibration, which seeds with noise_seed) measures."""
     from trainer.studies.definition import StudyDefinition
 
     study = StudyDefinition.from_dict(

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from reward_modules import write_reward_module
 
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.reward_functions import ENV_VAR, parse_entries, parse_reward_path, permit
 from trainer.tasks import make_task
 from trainer.tasks.reward_process import RewardFunctionError, RewardProcess
 from trainer.tasks.verifiers import PythonVerifier, make_verifier
+from trainer.validation import validate_config
 
 REWARDS = """
 import os, pathlib, time

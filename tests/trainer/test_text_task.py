@@ -13,7 +13,6 @@ import pytest
 
 from trainer.config import ExperimentConfig, TextTaskConfig
 from trainer.config.presets import resolve_preset
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.tasks import TextTask, check_lengths, make_task
 from trainer.tasks.byte_tokenizer import ByteTokenizer
@@ -26,6 +25,7 @@ from trainer.tasks.verifiers import (
     last_boxed,
     parse_number,
 )
+from trainer.validation import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 

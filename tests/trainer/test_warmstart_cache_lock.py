@@ -11,10 +11,10 @@ import torch
 
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.devices.environment import cpu_key
 from trainer.run.warmstart import cache_dir, train_base_policy, warm_start_key
 from trainer.tasks.factory import make_task
+from trainer.validation import validate_config
 
 
 class Cancelled(Exception):

@@ -37,7 +37,7 @@ from trainer.analysis.survival import (
     run_table,
 )
 from trainer.devices.environment import group_environments
-from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
+from trainer.run_folder.files import SUMMARY_FILE, read_metrics, run_succeeded
 
 ALPHA = 0.05
 START_STEPS = 10  # "at the start": the mean over a run's first steps

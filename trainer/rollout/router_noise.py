@@ -32,7 +32,7 @@ Two kinds:
 The fixed projections are drawn from the *base's* seed (``warm_start.seed``,
 ``rollout.router_noise_draw = "base"``): every run on one base, whatever its
 run seed, gets the same perturbation, so the dose is a property of (base,
-sigma) that ``trainer.analysis.calibration`` measures before any run and each
+sigma) that ``trainer.studies.calibration`` measures before any run and each
 run's measured gap (summary.json ``dose``) can be checked against. With
 ``"run"`` each run seed draws its own projection (the causal study's runs:
 at sigma 0.2 they flipped 7.6-26.4% of routes on the same bases).

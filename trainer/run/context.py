@@ -46,7 +46,7 @@ from trainer.run.checkpoint import (
 from trainer.run.evaluation import greedy_accuracy
 from trainer.run.update import PolicyUpdater
 from trainer.run.warmstart import missed_target, train_base_policy
-from trainer.run.warmstart_progress import WarmStartReporter
+from trainer.run_folder.warmstart_progress import WarmStartReporter
 from trainer.tasks import Problem, Task, make_task
 
 
@@ -233,7 +233,7 @@ def build_context(
             f"{report['bad_rows']} bad rows skipped {report['bad_row_reasons'] or ''}".rstrip()
         )
     vocab_size = cfg.model.vocab_size or task.tokenizer.vocab_size
-    # The warm start reports its own phase (RUN_DIR/progress.json, trainer/run/warmstart_progress.py).
+    # The warm start reports its own phase (RUN_DIR/progress.json, trainer/run_folder/warmstart_progress.py).
     reporter = WarmStartReporter(
         run_dir,
         max_steps=cfg.warm_start.max_steps,

@@ -21,7 +21,7 @@ the step's prompts and every statistic is reduced over the ranks; rank 0 alone
 writes the run folder (trainer/distributed.py, docs/distributed.md).
 The trainer holds the run folder's lock for its whole life and, under a
 supervisor, stops without a checkpoint once its lease expires
-(trainer/run/guard.py).
+(trainer/run_folder/guard.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from trainer.config import ExperimentConfig
 from trainer.devices.environment import environment_record
 from trainer.devices.mps import mps_active
 from trainer.devices.packing import memory_share
-from trainer.devices.run_mode import device_record, numerics_mode, phase_clock
+from trainer.devices.run_mode import numerics_mode, phase_clock
 from trainer.distributed import (
     SINGLE,
     DistContext,
@@ -72,11 +72,12 @@ from trainer.run.context import (
     build_context,
     resolve_device,
 )
-from trainer.run.files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
-from trainer.run.guard import Lease, LeaseExpired, RunDirLock
+from trainer.run.device_record import device_record
 from trainer.run.measure_step import measure_batch
 from trainer.run.progress import Progress
 from trainer.run.schedules import entropy_coef_at, lr_at, prompts_at
+from trainer.run_folder.files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
+from trainer.run_folder.guard import Lease, LeaseExpired, RunDirLock
 
 
 class _StopFlag:

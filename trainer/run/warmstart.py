@@ -43,7 +43,7 @@ from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
 from trainer.run.batches import collate_sft
 from trainer.run.evaluation import greedy_accuracy
-from trainer.run.warmstart_progress import WarmStartReporter
+from trainer.run_folder.warmstart_progress import WarmStartReporter
 from trainer.tasks import Task
 
 CACHE_ENV = "MOE_LAB_CACHE"

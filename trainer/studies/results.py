@@ -17,7 +17,7 @@ from typing import Any
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseSummary, rejudge_collapse, summarize_collapses
 from trainer.devices.environment import environments_line, group_environments
-from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
+from trainer.run_folder.files import SUMMARY_FILE, read_metrics, run_succeeded
 from trainer.studies.definition import StudyDefinition
 
 # A k3 spike: a step whose k3 is this many times the run's own median k3 (an

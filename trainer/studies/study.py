@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import ExperimentConfig
-from trainer.config.validation import validate_config
 from trainer.devices.mps import mps_daemon
 from trainer.devices.packing import (
     apply_memory_share,
@@ -25,9 +24,10 @@ from trainer.devices.packing import (
     parse_visible_devices,
     plan_slots,
 )
-from trainer.run.files import run_succeeded
+from trainer.run_folder.files import run_succeeded
 from trainer.studies.definition import StudyDefinition, check_overrides, load_definition, select
 from trainer.studies.results import collect_results, write_report
+from trainer.validation import validate_config
 
 
 def _run_one(args: tuple[dict, str]) -> str:

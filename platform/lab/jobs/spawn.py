@@ -10,7 +10,7 @@ worker is killed, the trainer dies with it. A worker that is frozen rather
 than killed (SIGSTOP, a stuck host) stops renewing the child's lease file, and
 the child stops within ``LAB_LEASE_S``, before the reconciler hands the run to
 another attempt (``LAB_STALE_AFTER_S``). The child holds the run folder's OS
-lock, so a second trainer can never write the same folder (trainer/run/guard.py).
+lock, so a second trainer can never write the same folder (trainer/run_folder/guard.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ from lab.jobs.watch import Supervision, ids
 from lab.runs.models import Run
 from trainer.launch import Rendezvous, launch_command
 from trainer.reward_functions import ENV_VAR as REWARD_ENV_VAR
-from trainer.run.files import CONFIG_FILE, EXIT_CODE_FILE, LOG_FILE, SUMMARY_FILE, checkpoint_path
-from trainer.run.guard import renew_lease, run_dir_is_locked
+from trainer.run_folder.files import (
+    CONFIG_FILE,
+    EXIT_CODE_FILE,
+    LOG_FILE,
+    SUMMARY_FILE,
+    checkpoint_path,
+)
+from trainer.run_folder.guard import renew_lease, run_dir_is_locked
 
 log = logging.getLogger("jobs")
 
