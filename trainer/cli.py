@@ -270,11 +270,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.hf.tokenizer import install_checkpoint_tokenizer
             from trainer.tasks import make_task
 
-            # Every input file checked before anything is written into --out: the
+            # Every input checked before anything is written into --out: the
             # checkpoint's headers, shapes and tokenizer, the data file's rows, an
-            # imported model's tokenizer and its prompt lengths.
+            # imported model's tokenizer and its prompt lengths, a custom reward
+            # function (offered here, and it loads in its own process).
             check_input_files(cfg)
-            install_checkpoint_tokenizer(make_task(cfg.task), cfg)
+            task = make_task(cfg.task)
+            install_checkpoint_tokenizer(task, cfg)
+            try:
+                task.start()
+            finally:
+                task.close()
             from trainer.run.runner import run_from_cli
 
             lease = Lease(Path(args.lease_file), args.lease_s) if args.lease_file else None

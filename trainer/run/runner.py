@@ -222,8 +222,11 @@ def _train(inv: Invocation) -> dict[str, Any]:
     finally:
         if metrics_out is not None:
             metrics_out.close()
+        ctx.task.close()  # a custom reward function's process
     summary = _summary(cfg, ctx.state, ctx.collapse, status, ctx.state.wall_time_s)
     summary.update({"task_data": ctx.task.data_report()} if ctx.task.data_report() else {})
+    if ctx.task.reward_timeouts():
+        summary["reward_timeouts"] = ctx.task.reward_timeouts()
     if main:
         write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
     return summary
@@ -322,6 +325,14 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
         ctx.collapse.update_eval(step, metrics[K.EVAL_ACCURACY])
     if ctx.collapse.update(step, acc, finite=finite, samples=samples):
         inv.log(f"collapse at step {ctx.collapse.collapse_step}: {ctx.collapse.collapse_reason}")
+    timeouts = ctx.task.reward_timeouts()
+    if timeouts > ctx.reward_timeouts_logged:
+        inv.log(
+            f"step {step}: {timeouts - ctx.reward_timeouts_logged} reward call(s) ran over "
+            f"task.reward_timeout_s={getattr(cfg.task, 'reward_timeout_s', 0):g} s and scored 0 "
+            f"({timeouts} in this attempt)"
+        )
+        ctx.reward_timeouts_logged = timeouts
 
 
 def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
@@ -355,10 +366,9 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
 
     # 2. score: verifiable rewards.
     texts = decode_responses(rollout.tokens, rollout.response_mask, tok)
-    rewards = torch.tensor([task.reward(p, t) for p, t in zip(problems, texts, strict=True)])
-    correct = torch.tensor(
-        [float(task.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)]
-    )
+    scored = task.score(problems, texts)  # one batch: a custom reward runs in its own process
+    rewards = torch.tensor([reward for reward, _ in scored])
+    correct = torch.tensor([float(right) for _, right in scored])
     # The engine's routing travels bit-packed (stabilizers.replay.compression).
     data = RolloutData.from_rollout(rollout, rewards.to(device), cfg.stabilizers.replay.compression)
     data.global_offset, data.global_size = shard.start * group, n_prompts * group
