@@ -282,3 +282,14 @@ def test_set_may_not_override_what_a_variant_sets_itself():
     with pytest.raises(FieldError, match=r"dense-grpo set model\.n_experts"):
         check_overrides(kl, ["model.n_experts=16"])
     check_overrides(kl, ["model.n_layers=4", "run.steps=10"])  # nobody's own field: fine
+
+
+def test_a_dry_plan_of_the_gpu_study_runs_on_the_cpu(tmp_path, capsys):
+    """The GPU study is planned before a slot, on any machine: no run, no warm start."""
+    from trainer.cli import main as cli_main
+
+    code = cli_main(["study", "gpu-mismatch", "--out", str(tmp_path / "gpu"), "--dry",
+                     "--device", "NVIDIA H200", "--budget-s", "720"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "study gpu-mismatch: 40 runs" in out and "plan on NVIDIA H200" in out
+    assert not (tmp_path / "gpu" / "moe-bf16").exists()
