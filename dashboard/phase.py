@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lab.runs.models import Run, RunStatus
 from trainer import metric_keys as mk
-from trainer.run.warmstart_progress import format_eta
+from trainer.run_folder.warmstart_progress import format_eta
 
 
 def _pct(value) -> str:

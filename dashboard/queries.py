@@ -26,7 +26,7 @@ from lab.experiments.models import Experiment
 from lab.runs.metrics.read import RunSeries, last_metric_steps, metric_series_many
 from lab.runs.models import Run
 from trainer import metric_keys as mk
-from trainer.run.files import LOG_FILE
+from trainer.run_folder.files import LOG_FILE
 
 LOG_TAIL_BYTES = 16 * 1024
 

@@ -20,7 +20,12 @@ STEP = "step"
 REWARD_MEAN = "reward/mean"
 REWARD_ACCURACY = "reward/accuracy"
 RESPONSE_LENGTH_MEAN = "response/length_mean"
-EVAL_ACCURACY = "eval/accuracy"  # held-out set, every run.eval_every steps
+EVAL_ACCURACY = (
+    "eval/accuracy"  # held-out set through the rollout engine, every run.eval_every steps
+)
+# The learning endpoint: the same held-out set decoded without the engine's gap (an
+# engine at the trainer's precision, no router noise: the trainer's own routing).
+EVAL_ACCURACY_CLEAN = "eval/accuracy_clean"
 
 # training-inference mismatch, measured by a training forward on rollout tokens
 MISMATCH_KL_K1 = "mismatch/kl_k1"  # token mean of -log r, r = pi_train / pi_rollout
@@ -99,7 +104,7 @@ TIME_WEIGHT_SYNC_S = "time/weight_sync_s"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 
 # warm start: the supervised phase before step 0, reported in RUN_DIR/progress.json
-# (trainer/run/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
+# (trainer/run_folder/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
 PHASE = "phase"  # progress.json: "warmstart" while the base policy trains, then "training"
 PHASE_WARMSTART = "warmstart"
 PHASE_TRAINING = "training"
@@ -125,6 +130,7 @@ SCALAR_KEYS: tuple[str, ...] = (
     REWARD_ACCURACY,
     RESPONSE_LENGTH_MEAN,
     EVAL_ACCURACY,
+    EVAL_ACCURACY_CLEAN,
     MISMATCH_KL_K1,
     MISMATCH_KL_K3,
     MISMATCH_KL_K3_MAX,
@@ -190,6 +196,9 @@ SUMMARY_FIELDS: tuple[str, ...] = (
     "final_accuracy",
     "best_accuracy",
     "initial_accuracy",
+    "final_accuracy_clean",  # the same, decoded without the engine's gap (the endpoint)
+    "best_accuracy_clean",
+    "initial_accuracy_clean",
     "steps",
     "wall_time_s",
 )
@@ -270,7 +279,11 @@ _SPECS: tuple[MetricSpec, ...] = (
         section=SECTION_REWARD, experiment_page=True,
     ),
     MetricSpec(
-        EVAL_ACCURACY, "accuracy (held-out)", SHARE,
+        EVAL_ACCURACY, "accuracy (held-out, rollout engine)", SHARE,
+        section=SECTION_REWARD, experiment_page=True,
+    ),
+    MetricSpec(
+        EVAL_ACCURACY_CLEAN, "accuracy (held-out, no engine gap)", SHARE,
         section=SECTION_REWARD, experiment_page=True,
     ),
     MetricSpec(RESPONSE_LENGTH_MEAN, "mean response length", "tokens"),

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from trainer import metric_keys as K
-from trainer.analysis.calibration import balance_of
 from trainer.analysis.intervals import bca_interval, holm, t_interval
 from trainer.analysis.power import Design, power, simulate_study
 from trainer.analysis.survival import (
@@ -20,6 +19,7 @@ from trainer.analysis.survival import (
     run_gap,
     run_table,
 )
+from trainer.studies.calibration import balance_of
 
 
 def test_holm_by_hand():

@@ -11,11 +11,11 @@ from hf_tiny_checkpoints import save_hf_checkpoint
 
 from trainer.cli import main as cli_main
 from trainer.config import ExperimentConfig
-from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf import build_model, export_hf, resolve_model_source
 from trainer.hf.families import model_fields_from_hf
 from trainer.model.layers import positions_from_mask
+from trainer.validation import validate_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.model import TransformerLM, topk_gates
 from trainer.rollout import RolloutEngine, prompt_logprobs
+from trainer.validation import validate_config
 
 VOCAB = 24
 BASE = {"n_layers": 3, "d_model": 48, "n_heads": 4, "n_experts": 6, "top_k": 2, "expert_hidden": 16}

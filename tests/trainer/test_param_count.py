@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config.validation import validate_config
 from trainer.model.param_count import config_params, format_params, model_params
 from trainer.model.transformer import TransformerLM
 from trainer.tasks.factory import make_task
+from trainer.validation import validate_config
 
 CASES = [
     {},  # the defaults: MoE, rope, tied

@@ -122,8 +122,8 @@ def test_compiled_static_step_equals_eager():
 
 
 def test_compiled_decode_is_refused_where_it_cannot_run():
-    from trainer.config.validation import validate_config
     from trainer.errors import FieldError
+    from trainer.validation import validate_config
 
     for extra, why in (
         ({"kv_cache": False}, "kv_cache"),
@@ -136,7 +136,7 @@ def test_compiled_decode_is_refused_where_it_cannot_run():
 
 
 def test_a_compiled_engine_stores_fp32_experts_on_the_padded_backend_and_says_so():
-    from trainer.devices.run_mode import device_record
+    from trainer.run.device_record import device_record
 
     cfg = resolve_preset("moe-grpo").model
     assert RolloutEngine(cfg, VOCAB, precision="fp32", decode="compiled").moe_backend == "padded"

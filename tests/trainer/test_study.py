@@ -257,7 +257,7 @@ def test_distinct_bases_train_in_parallel_once_each(tmp_path, monkeypatch):
          "seed_fields": ["warm_start.seed"], "variants": [{"name": "moe"}]}
     )  # fmt: skip
     configs = [study.config_for(study.variants[0], seed) for seed in study.seeds]
-    _train_bases(configs, parallel=2)
+    _train_bases(configs, 2, "off", None, tmp_path / "bases", None)
     assert len(list((tmp_path / "cache").rglob("*.pt"))) == 2
 
 

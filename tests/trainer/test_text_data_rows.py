@@ -11,10 +11,10 @@ import pytest
 
 from trainer.cli import main as cli_main
 from trainer.config import TextTaskConfig
-from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.tasks.text_data import build_problems, read_table
 from trainer.tasks.verifiers import make_verifier
+from trainer.validation import validate_config
 
 
 def _row(i: int) -> bytes:

@@ -45,14 +45,22 @@ LEAD_LAG_STEPS = 5  # the lag of the time-varying covariates
 K3_FLOOR = 1e-9  # log10(k3) of a zero-gap run is bounded below here
 
 
+def mean_gap(values: list[float]) -> float:
+    """A run's routing gap from the routing inconsistency of its first steps (at most
+    GAP_STEPS of them): their mean; 0 without any (a dense model has no routing)."""
+    values = list(values)[:GAP_STEPS]
+    return float(np.mean(values)) if values else 0.0
+
+
 def run_gap(rows: list[dict]) -> float:
     """Mean natural routing inconsistency over the first GAP_STEPS steps (0 without routing)."""
-    values = [
-        r[K.MISMATCH_ROUTING_INCONSISTENCY]
-        for r in rows[:GAP_STEPS]
-        if r.get(K.MISMATCH_ROUTING_INCONSISTENCY) is not None
-    ]
-    return float(np.mean(values)) if values else 0.0
+    return mean_gap(
+        [
+            r[K.MISMATCH_ROUTING_INCONSISTENCY]
+            for r in rows[:GAP_STEPS]
+            if r.get(K.MISMATCH_ROUTING_INCONSISTENCY) is not None
+        ]
+    )
 
 
 def run_table(runs: Iterable[dict[str, Any]]):

@@ -32,8 +32,8 @@ from typing import Any
 
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
+from trainer.validation import validate_config
 
 # Every definition shipped in trainer/studies/ is a built-in study, by its file name.
 BUILTIN_STUDIES = tuple(

@@ -92,7 +92,7 @@ def metric_keys(run_id: int) -> list[str]:
 # A key missing from a step's JSON reads as this marker inside the aggregated
 # text, an explicit JSON null as ``null``: Python's json module parses
 # "Infinity" to +inf, and no stored value can be infinite (JSON has no
-# infinity, and the trainer writes null for NaN/inf: trainer/run/files.py).
+# infinity, and the trainer writes null for NaN/inf: trainer/run_folder/files.py).
 _MISSING = "Infinity"
 # MLflow's metric-name alphabet; never a double quote (SQLite reads a key as the JSON path
 # $."key") nor a comma (the API's key lists).

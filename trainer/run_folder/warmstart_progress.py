@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as mk
-from trainer.run.files import PROGRESS_FILE, write_json_atomic
+from trainer.run_folder.files import PROGRESS_FILE, write_json_atomic
 
 
 def eta_seconds(

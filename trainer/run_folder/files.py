@@ -19,7 +19,7 @@ CONFIG_FILE = "config.json"
 LOG_FILE = "trainer.log"  # the child's stdout/stderr, written by the platform worker
 CHECKPOINT_DIR = "checkpoints"  # resumable state (trainer.run.checkpoint)
 CHECKPOINT_NAME = "last.pt"  # the one checkpoint a run keeps (or the name of its shards)
-PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/run/warmstart_progress.py)
+PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/run_folder/warmstart_progress.py)
 # A rank's own exit code, when it means something to the platform (bad config,
 # folder busy, lease expired): torchrun reports any failed rank as exit 1.
 EXIT_CODE_FILE = "exit_code"

@@ -3,7 +3,7 @@
 For one warm-started base and each sigma, the rollout engine (fp32, router
 noise sigma) samples a batch of responses as a run's first step does, and one
 training forward on those tokens measures the gap exactly as the run logs it
-(``trainer.run.measure``): the share of (token, MoE layer) pairs routed
+(``trainer.algorithms.measure``): the share of (token, MoE layer) pairs routed
 differently, the k3 KL between training and rollout log-probs, the sequence
 disagreement index. The base's own expert balance on the same tokens comes
 with it: dead experts (load under a tenth of the balanced share), the load
@@ -26,11 +26,11 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.algorithms.losses import gather_logprobs
+from trainer.algorithms.measure import expert_load, mismatch_stats, routing_mismatch
 from trainer.config import ExperimentConfig
 from trainer.rollout import RolloutEngine
-from trainer.rollout.router_noise import RouterNoise
+from trainer.rollout.router_noise import RouterNoise, noise_seed
 from trainer.run.batches import collate_prompts, repeat_for_groups
-from trainer.run.measure import expert_load, mismatch_stats, routing_mismatch
 from trainer.tasks import make_task
 
 DEAD_SHARE = 0.1  # an expert with under a tenth of the balanced load is dead
@@ -83,8 +83,9 @@ def calibrate_base(
     out: dict[str, Any] = {"base_accuracy": base.accuracy, "sigmas": []}
     loads_total: list[torch.Tensor] | None = None
     for sigma in sigmas:
+        # The projections every run on this base draws (trainer.rollout.router_noise.noise_seed).
         noise = RouterNoise(
-            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=cfg.run.seed
+            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=noise_seed(cfg)
         )
         engine = RolloutEngine(cfg.model, vocab, precision="fp32", router_noise=noise)
         engine.load_weights(policy.state_dict())
