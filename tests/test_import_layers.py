@@ -69,6 +69,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.tasks.factory",
         "trainer.tasks.text_data",
         "trainer.tasks.verifiers",
+        "trainer.reward_functions",
         "trainer.validation",
         "trainer.run_folder.warmstart_progress",
         "trainer.launch",

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from trainer.config.section import Section
+from trainer.reward_functions import parse_reward_path
 
 
 class TaskBase(Section):
@@ -125,8 +126,18 @@ class TextTaskConfig(TaskBase):
     )
     reward_function: str | None = Field(
         None,
+        max_length=300,
         description="python: import path 'package.module:function' of "
-        "fn(response: str, answer: str) -> float in [0, 1] (1 = correct).",
+        "fn(response: str, answer: str) -> float in [0, 1] (1 = correct); on the lab's "
+        "workers only a function its administrator offers (LAB_REWARD_MODULES). It runs "
+        "in its own process, never in the web server.",
+    )
+    reward_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=600.0,
+        description="python: seconds one reward call may take; a call over it scores 0 "
+        "(counted in the log) and the function's process is restarted.",
     )
     max_prompt_chars: int | None = Field(
         None,
@@ -182,6 +193,11 @@ class TextTaskConfig(TaskBase):
                 "reward_function: the python verifier needs an import path "
                 "'package.module:function'"
             )
+        if self.reward_function:
+            try:
+                parse_reward_path(self.reward_function)  # the name only: nothing is imported
+            except ValueError as exc:
+                raise ValueError(f"reward_function: {exc}") from None
         if self.reward_function and self.verifier != "python":
             raise ValueError(
                 "reward_function: only used with verifier='python'; set the verifier or clear it"

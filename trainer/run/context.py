@@ -95,6 +95,7 @@ class RunContext:
     # An engine without the run's gap (``clean_engine``); None when the rollout engine
     # has none (no router noise, the trainer's precision): it is clean itself.
     clean: RolloutEngine | None = None
+    reward_timeouts_logged: int = 0  # reward calls over task.reward_timeout_s, already logged
 
     @property
     def sharded_checkpoint(self) -> bool:
@@ -224,6 +225,7 @@ def build_context(
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task = make_task(cfg.task)
+    task.start()  # a custom reward function loads in its own process now, or a field error
     install_checkpoint_tokenizer(task, cfg)  # an imported model speaks its own tokens
     for name, report in task.data_report().items():  # file tasks: skipped rows, by reason
         log(

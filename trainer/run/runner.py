@@ -119,11 +119,18 @@ class Invocation:
     t_start: float
     lease: Lease  # renewed by the supervisor; never expires without one
     dist: DistContext = SINGLE
+    # time.time() by which this call ends (a study's time budget): it stops at the
+    # last step boundary before it, with a checkpoint (status "stopped")
+    stop_at: float | None = None
+
+    def past_deadline(self, margin_s: float = 0.0) -> bool:
+        return self.stop_at is not None and time.time() + margin_s >= self.stop_at
 
     def interrupt(self) -> None:
-        """Raise when this call must stop now: an expired lease or a stop request."""
+        """Raise when this call must stop now: an expired lease, a stop request or
+        its deadline (``stop_at``)."""
         self.lease.check()
-        if self.stop.requested:
+        if self.stop.requested or self.past_deadline():
             raise StopRequested
 
 
@@ -135,11 +142,14 @@ def train(
     stop_after: int | None = None,
     log=None,
     lease: Lease | None = None,
+    stop_at: float | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``run_dir``; returns the summary (also in summary.json).
 
     ``stop_after`` ends this invocation after that many steps with a checkpoint
-    (status "stopped"), so a later ``resume`` continues the same run. The run
+    (status "stopped"), so a later ``resume`` continues the same run; so does
+    ``stop_at`` (a ``time.time()`` deadline: the call ends at the last step
+    boundary before it, or in the warm start, whose state is kept). The run
     folder is locked for the whole call (``RunDirBusy`` when another trainer
     holds it); ``lease`` raises ``LeaseExpired`` once the supervisor stops
     renewing it, leaving no checkpoint and no summary behind.
@@ -160,7 +170,7 @@ def train(
         inv = Invocation(
             cfg, run_dir, resume, stop_after, _StopFlag(), progress,
             (log or progress.message) if dist.is_main else progress.message,
-            time.perf_counter(), lease or Lease(None, 0), dist,
+            time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
         )  # fmt: skip
         inv.stop.install()
         finished = False
@@ -185,11 +195,10 @@ def _train(inv: Invocation) -> dict[str, Any]:
         (inv.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     try:
         ctx = build_context(cfg, inv.log, inv.run_dir if main else None, inv.interrupt, inv.dist)
-    except StopRequested:  # cancelled during the warm start: nothing to checkpoint yet
+    except StopRequested:  # stopped during the warm start: nothing to checkpoint yet
         collapse = CollapseDetector(cfg.run.collapse)
-        summary = _summary(
-            cfg, RunState(), collapse, "cancelled", time.perf_counter() - inv.t_start
-        )
+        status = "stopped" if inv.past_deadline() and not inv.stop.requested else "cancelled"
+        summary = _summary(cfg, RunState(), collapse, status, time.perf_counter() - inv.t_start)
         if main:
             write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
         return summary
@@ -213,8 +222,11 @@ def _train(inv: Invocation) -> dict[str, Any]:
     finally:
         if metrics_out is not None:
             metrics_out.close()
+        ctx.task.close()  # a custom reward function's process
     summary = _summary(cfg, ctx.state, ctx.collapse, status, ctx.state.wall_time_s)
     summary.update({"task_data": ctx.task.data_report()} if ctx.task.data_report() else {})
+    if ctx.task.reward_timeouts():
+        summary["reward_timeouts"] = ctx.task.reward_timeouts()
     if main:
         write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
     return summary
@@ -261,6 +273,7 @@ def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -
     while state.step < cfg.run.steps:
         step = state.step
         inv.lease.check()
+        t_step = time.perf_counter()
         metrics = _rl_step(ctx, step)
         _record(ctx, inv, step, metrics)
         inv.lease.check()  # a step can outlast the lease: never write a lost attempt's step
@@ -279,6 +292,10 @@ def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -
         if ctx.dist.any_true(inv.stop.requested):
             return "cancelled"
         if inv.stop_after is not None and steps_this_call >= inv.stop_after:
+            return "stopped"
+        # The next step would end past the deadline (it takes about as long as this
+        # one, evaluation included): stop here, with a checkpoint.
+        if state.step < cfg.run.steps and inv.past_deadline(time.perf_counter() - t_step):
             return "stopped"
         if state.step % cfg.run.checkpoint_every == 0:
             inv.lease.check()
@@ -308,6 +325,14 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
         ctx.collapse.update_eval(step, metrics[K.EVAL_ACCURACY])
     if ctx.collapse.update(step, acc, finite=finite, samples=samples):
         inv.log(f"collapse at step {ctx.collapse.collapse_step}: {ctx.collapse.collapse_reason}")
+    timeouts = ctx.task.reward_timeouts()
+    if timeouts > ctx.reward_timeouts_logged:
+        inv.log(
+            f"step {step}: {timeouts - ctx.reward_timeouts_logged} reward call(s) ran over "
+            f"task.reward_timeout_s={getattr(cfg.task, 'reward_timeout_s', 0):g} s and scored 0 "
+            f"({timeouts} in this attempt)"
+        )
+        ctx.reward_timeouts_logged = timeouts
 
 
 def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
@@ -341,10 +366,9 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
 
     # 2. score: verifiable rewards.
     texts = decode_responses(rollout.tokens, rollout.response_mask, tok)
-    rewards = torch.tensor([task.reward(p, t) for p, t in zip(problems, texts, strict=True)])
-    correct = torch.tensor(
-        [float(task.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)]
-    )
+    scored = task.score(problems, texts)  # one batch: a custom reward runs in its own process
+    rewards = torch.tensor([reward for reward, _ in scored])
+    correct = torch.tensor([float(right) for _, right in scored])
     # The engine's routing travels bit-packed (stabilizers.replay.compression).
     data = RolloutData.from_rollout(rollout, rewards.to(device), cfg.stabilizers.replay.compression)
     data.global_offset, data.global_size = shard.start * group, n_prompts * group

@@ -23,7 +23,7 @@ from typing import Any
 from trainer.config import TextTaskConfig
 from trainer.errors import FieldError
 from trainer.tasks.base import Problem
-from trainer.tasks.verifiers import GSM8K_MARKER, BadRow, NumericVerifier, Verifier
+from trainer.tasks.verifiers import BadRow, Verifier
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "task_data"
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -212,15 +212,6 @@ def conversation(row: dict[str, Any], field_name: str) -> tuple[tuple[str, str],
     return tuple(out)
 
 
-def target_text(raw: Any, gold: str, verifier: Verifier) -> str:
-    """The supervised warm-start response: the answer field when the verifier reads
-    it back to the gold answer, else the gold answer in GSM8K form (numeric)."""
-    text = raw if isinstance(raw, str) else str(raw)
-    if verifier.is_correct(text, gold):
-        return text
-    return f"{GSM8K_MARKER} {gold}" if isinstance(verifier, NumericVerifier) else gold
-
-
 def build_problems(
     rows: list[dict[str, Any]] | RowsRead,
     cfg: TextTaskConfig,
@@ -252,7 +243,7 @@ def build_problems(
         problem = Problem(
             prompt=prompt,
             answer=gold,
-            target=target_text(raw, gold, verifier),
+            target=verifier.target(raw, gold),
             messages=messages,
         )
         limit = cfg.max_prompt_tokens

@@ -30,6 +30,7 @@ from lab.jobs.childproc import tied_to_this_process
 from lab.jobs.watch import Supervision, ids
 from lab.runs.models import Run
 from trainer.launch import Rendezvous, launch_command
+from trainer.reward_functions import ENV_VAR as REWARD_ENV_VAR
 from trainer.run_folder.files import (
     CONFIG_FILE,
     EXIT_CODE_FILE,
@@ -125,10 +126,14 @@ def start(cmd: list[str], log_path: Path, sup: Supervision, ranks: int) -> subpr
 def trainer_env(ranks: int) -> dict[str, str]:
     """The trainer's environment: a GPU worker that owns more devices than the
     run needs shows it only the first ``ranks`` of them; a slot of a shared GPU
-    caps it at the slot's share of the memory."""
+    caps it at the slot's share of the memory; the reward functions it may run are
+    the lab's list (``LAB_REWARD_MODULES``)."""
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
+        # The trainer runs only the reward functions this lab offers, whatever the
+        # stored config names (a run queued before the list changed included).
+        REWARD_ENV_VAR: ",".join(settings.LAB_REWARD_MODULES),
         **capacity.this_worker().trainer_environment(ranks),
     }
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from lab.configs import Overrides, resolve_config
+from lab.configs import CONFIG_PREFIX, Overrides, check_reward_function, resolve_config
 from lab.experiments.models import Experiment, Sweep
 from lab.experiments.rights import NotAllowed, check_can_queue, check_priority_allowed, max_priority
 from lab.runs.dispatch import new_task_id, send_run_on_commit
@@ -95,6 +95,9 @@ def create_run(
     ``dispatch.PublishFailed`` after the commit (the API answers 503)."""
     queue = check_queue(queue)
     priority = check_priority(priority)
+    check_reward_function(
+        config.task, prefix=f"{CONFIG_PREFIX}."
+    )  # every stored run, whatever made it
     data = config.to_dict()
     run = Run.objects.create(
         experiment=experiment,

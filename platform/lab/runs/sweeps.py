@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from lab.configs import resolve_config, strip_config_path
+from lab.configs import check_reward_function, resolve_config, strip_config_path
 from lab.experiments.models import Experiment, Sweep
 from lab.experiments.rights import check_can_queue
 from lab.runs.lifecycle import check_queue, create_run
@@ -134,6 +134,8 @@ def create_study_sweep(
         for seed in study.seeds
         for variant in study.variants
     ]
+    for variant_name, cfg in planned:  # a study names its configs outside resolve_config
+        check_reward_function(cfg.task, prefix=f"variants.{variant_name}.")
     check_new_runs(owner, [cfg for _, cfg in planned])
     sweep = Sweep.objects.create(
         experiment=experiment,
