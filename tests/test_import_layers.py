@@ -240,7 +240,17 @@ def test_design_doc_lists_the_trainer_contract():
 # --------------------------------------------------------------------------- lab packages
 # docs/design.md 1.2: a lab package (or top-level lab module) imports only those to
 # its left: the text rule, the assets, the one config gate, then the concepts.
-LAB_ORDER = ("text", "inputs", "assets", "configs", "experiments", "runs", "jobs", "api", "tracking")
+LAB_ORDER = (
+    "text",
+    "inputs",
+    "assets",
+    "configs",
+    "experiments",
+    "runs",
+    "jobs",
+    "api",
+    "tracking",
+)
 
 
 def _lab_package(module: str) -> str | None:

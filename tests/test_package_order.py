@@ -24,6 +24,7 @@ TRAINER_ORDER = (
     "errors",
     "metric_keys",
     "launch",
+    "reward_functions",
     "algorithms",
     "config",
     "tasks",
