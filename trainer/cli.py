@@ -97,6 +97,14 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
         )])  # fmt: skip
 
 
+def _precision_list(text: str) -> list[str]:
+    values = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in values if p not in ("fp32", "bf16", "fp16", "fp8")]
+    if not values or bad:
+        raise FieldError([("--precisions", "give fp32, bf16, fp16 or fp8, comma-separated")])
+    return values
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -199,6 +207,12 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--bases", default="0,1,2,3", help="comma-separated base seeds")
     calibrate.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
     calibrate.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
+    calibrate.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma-separated rollout engine precisions (fp32, bf16, fp16, fp8): the real "
+        "engine gap against the fp32 training forward, beside the router noise",
+    )
     calibrate.add_argument("--batches", type=int, default=2)
     calibrate.add_argument("--out", required=True, help="JSON file (the table goes beside it)")
 
@@ -324,6 +338,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     batches=args.batches,
                     kind=args.kind,
                     variant=args.variant,
+                    precisions=_precision_list(args.precisions),
                 )
             )
             return 0
