@@ -97,6 +97,14 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
         )])  # fmt: skip
 
 
+def _precision_list(text: str) -> list[str]:
+    values = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in values if p not in ("fp32", "bf16", "fp16", "fp8")]
+    if not values or bad:
+        raise FieldError([("--precisions", "give fp32, bf16, fp16 or fp8, comma-separated")])
+    return values
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -164,6 +172,26 @@ def _parser() -> argparse.ArgumentParser:
         "--variants", help="comma-separated variant names: run only this slice of the study"
     )
     study.add_argument("--seeds", help="comma-separated seeds: run only these of the study's seeds")
+    study.add_argument(
+        "--budget-s", type=float, help="seconds: run what fits, stop cleanly (resumes later)"
+    )
+    study.add_argument(
+        "--bases",
+        dest="bases_dir",
+        help="folder of exported bases to import (OUT/bases of a study)",
+    )
+    study.add_argument(
+        "--mps", choices=("auto", "on", "off"), default="auto",
+        help="CUDA MPS for runs packed on a GPU (auto: when several share one and the host has it)",
+    )  # fmt: skip
+    study.add_argument("--dry", action="store_true", help="print the plan only: how many runs fit")
+    study.add_argument(
+        "--rows", nargs="?", const="trainer/studies/measured/step_times.json",
+        help="merge the measured rows of the --out folder into this rows file and stop",
+    )  # fmt: skip
+    study.add_argument(
+        "--device", help="the device kind the plan is for (e.g. 'NVIDIA H200'; default: this one)"
+    )
 
     report = sub.add_parser(
         "causal-report", help="the pre-registered analysis of a causal study's run folders"
@@ -179,6 +207,12 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--bases", default="0,1,2,3", help="comma-separated base seeds")
     calibrate.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
     calibrate.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
+    calibrate.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma-separated rollout engine precisions (fp32, bf16, fp16, fp8): the real "
+        "engine gap against the fp32 training forward, beside the router noise",
+    )
     calibrate.add_argument("--batches", type=int, default=2)
     calibrate.add_argument("--out", required=True, help="JSON file (the table goes beside it)")
 
@@ -304,6 +338,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     batches=args.batches,
                     kind=args.kind,
                     variant=args.variant,
+                    precisions=_precision_list(args.precisions),
                 )
             )
             return 0
@@ -311,8 +346,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.studies.study import run_study_cli
 
             return run_study_cli(
-                args.definition, Path(args.out), args.overrides, args.variants, args.seeds
-            )
+                args.definition, Path(args.out), args.overrides, args.variants, args.seeds,
+                budget_s=args.budget_s, mps=args.mps, dry=args.dry, device=args.device,
+                rows=args.rows,
+                bases_dir=Path(args.bases_dir) if args.bases_dir else None,
+            )  # fmt: skip
     except FieldError as exc:
         print("invalid config:", file=sys.stderr)
         for path, msg in exc.errors:

@@ -99,7 +99,8 @@ def test_a_studys_packed_processes_are_mps_clients_with_their_slot(control, monk
     monkeypatch.setattr(mps, "_probe", lambda env: None)
     monkeypatch.setattr(study, "_study_gpus", lambda cfg: ["0"])
     cfg = ExperimentConfig.model_validate({})
-    with study._slot_pool(2, cfg, "auto") as pool:
+    with study._slot_pool(2, cfg, "auto") as (pool, state):
+        assert state.active
         seen = pool.map(_environment, range(4), chunksize=1)
     assert {e["CUDA_VISIBLE_DEVICES"] for e in seen} == {"0"}
     assert {e[MEMORY_SHARE_ENV] for e in seen} == {"0.500000"}

@@ -119,11 +119,18 @@ class Invocation:
     t_start: float
     lease: Lease  # renewed by the supervisor; never expires without one
     dist: DistContext = SINGLE
+    # time.time() by which this call ends (a study's time budget): it stops at the
+    # last step boundary before it, with a checkpoint (status "stopped")
+    stop_at: float | None = None
+
+    def past_deadline(self, margin_s: float = 0.0) -> bool:
+        return self.stop_at is not None and time.time() + margin_s >= self.stop_at
 
     def interrupt(self) -> None:
-        """Raise when this call must stop now: an expired lease or a stop request."""
+        """Raise when this call must stop now: an expired lease, a stop request or
+        its deadline (``stop_at``)."""
         self.lease.check()
-        if self.stop.requested:
+        if self.stop.requested or self.past_deadline():
             raise StopRequested
 
 
@@ -135,11 +142,14 @@ def train(
     stop_after: int | None = None,
     log=None,
     lease: Lease | None = None,
+    stop_at: float | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``run_dir``; returns the summary (also in summary.json).
 
     ``stop_after`` ends this invocation after that many steps with a checkpoint
-    (status "stopped"), so a later ``resume`` continues the same run. The run
+    (status "stopped"), so a later ``resume`` continues the same run; so does
+    ``stop_at`` (a ``time.time()`` deadline: the call ends at the last step
+    boundary before it, or in the warm start, whose state is kept). The run
     folder is locked for the whole call (``RunDirBusy`` when another trainer
     holds it); ``lease`` raises ``LeaseExpired`` once the supervisor stops
     renewing it, leaving no checkpoint and no summary behind.
@@ -160,7 +170,7 @@ def train(
         inv = Invocation(
             cfg, run_dir, resume, stop_after, _StopFlag(), progress,
             (log or progress.message) if dist.is_main else progress.message,
-            time.perf_counter(), lease or Lease(None, 0), dist,
+            time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
         )  # fmt: skip
         inv.stop.install()
         finished = False
@@ -185,11 +195,10 @@ def _train(inv: Invocation) -> dict[str, Any]:
         (inv.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     try:
         ctx = build_context(cfg, inv.log, inv.run_dir if main else None, inv.interrupt, inv.dist)
-    except StopRequested:  # cancelled during the warm start: nothing to checkpoint yet
+    except StopRequested:  # stopped during the warm start: nothing to checkpoint yet
         collapse = CollapseDetector(cfg.run.collapse)
-        summary = _summary(
-            cfg, RunState(), collapse, "cancelled", time.perf_counter() - inv.t_start
-        )
+        status = "stopped" if inv.past_deadline() and not inv.stop.requested else "cancelled"
+        summary = _summary(cfg, RunState(), collapse, status, time.perf_counter() - inv.t_start)
         if main:
             write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
         return summary
@@ -264,6 +273,7 @@ def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -
     while state.step < cfg.run.steps:
         step = state.step
         inv.lease.check()
+        t_step = time.perf_counter()
         metrics = _rl_step(ctx, step)
         _record(ctx, inv, step, metrics)
         inv.lease.check()  # a step can outlast the lease: never write a lost attempt's step
@@ -282,6 +292,10 @@ def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -
         if ctx.dist.any_true(inv.stop.requested):
             return "cancelled"
         if inv.stop_after is not None and steps_this_call >= inv.stop_after:
+            return "stopped"
+        # The next step would end past the deadline (it takes about as long as this
+        # one, evaluation included): stop here, with a checkpoint.
+        if state.step < cfg.run.steps and inv.past_deadline(time.perf_counter() - t_step):
             return "stopped"
         if state.step % cfg.run.checkpoint_every == 0:
             inv.lease.check()
