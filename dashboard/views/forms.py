@@ -120,7 +120,7 @@ def _with_form_fields(model: RegisteredModel) -> RegisteredModel:
 
 def _priority(raw: str) -> int | str:
     """The typed priority as an int, or the text as typed (check_priority then names it)."""
-    text = raw.strip() or "0"
+    text = raw.strip() or str(lifecycle.DEFAULT_PRIORITY)
     return int(text) if PRIORITY_TEXT.fullmatch(text) else text
 
 
@@ -132,11 +132,11 @@ def run_new(request, pk: int):
     sections = schema_form.with_key_section(schema_form.build_sections())
     other_errors: list[str] = []
     mode = request.POST.get("mode", "form")
-    priority_text = "0"
+    priority_text = str(lifecycle.DEFAULT_PRIORITY)
     if request.method == "POST":
         reference, preset, clone = _posted_reference(request, experiment)
         queue = request.POST.get("queue")
-        priority_text = request.POST.get("priority", "0").strip()[:20] or "0"
+        priority_text = request.POST.get("priority", "").strip()[:20] or priority_text
         config: Any
         if mode == "json":
             try:
@@ -184,7 +184,8 @@ def run_new(request, pk: int):
         json_text = request.POST.get("config_json") or json.dumps(shown, indent=2)
     else:
         reference, preset, clone = _initial_config(request, experiment)
-        priority_text = str(clone.priority) if clone else "0"
+        if clone:
+            priority_text = str(lifecycle.clone_priority(clone, request.user))
         schema_form.fill(sections, reference)
         json_text = json.dumps(reference, indent=2)
     schema_form.set_reference(sections, reference)

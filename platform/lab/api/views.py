@@ -351,6 +351,7 @@ class SweepCreate(APIView):
             seeds=data["seeds"],
             queue=data.get("queue"),
             name=data.get("name", ""),
+            priority=data.get("priority"),
         )
         return Response(s.SweepSerializer(sweep).data, status=status.HTTP_201_CREATED)
 
