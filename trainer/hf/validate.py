@@ -18,7 +18,11 @@ problem; never raises for a bad file. What is checked (docs/models.md,
 * every tensor the model needs is there with the shape ``config.json``
   implies (hidden size, expert count and widths, heads, vocabulary), and no
   tensor is left over;
-* ``tokenizer.json`` loads (``tokenizer=True``) and fits the embedding.
+* ``tokenizer.json`` loads (``tokenizer=True``) and fits the embedding, and
+  the chat template, if the checkpoint has one, compiles and renders a probe
+  conversation within its bounds (``trainer.hf.chat_sandbox``: time, output,
+  memory, no runaway recursion); a template that refuses the probe on purpose
+  (``raise_exception``) is accepted, one that breaks a bound is not.
 
 Torch is never imported: the safetensors format is read by hand (an 8-byte
 little-endian header length, then that many bytes of JSON;
@@ -263,10 +267,12 @@ def _check_tokenizer(folder: Path, vocab: int) -> None:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FieldError([("model.source", f"{folder} has no tokenizer.json; runs encode with it")])
-    from trainer.hf.tokenizer import CheckpointTokenizer
+    from trainer.hf.tokenizer import CheckpointTokenizer, template_source
 
     try:
         tok = CheckpointTokenizer(folder)
+        if template_source(folder) is not None:
+            CheckpointTokenizer(folder, chat_template=True).probe_template()
     except FieldError:
         raise
     except Exception as exc:  # the tokenizers library raises its own kinds for a bad file
