@@ -39,7 +39,7 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
-from trainer.analysis.survival import GAP_STEPS, mean_gap
+from trainer.analysis.run_record import GAP_STEPS, mean_gap
 from trainer.config import ExperimentConfig
 from trainer.devices.environment import environment_record
 from trainer.devices.mps import mps_active
