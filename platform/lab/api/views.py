@@ -36,6 +36,7 @@ from lab.runs.dispatch import PublishFailed
 from lab.runs.metrics import read as metric_reads
 from lab.runs.metrics.read import MIN_POINTS
 from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
+from lab.runs.queue_order import in_queue_order
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
 
@@ -370,10 +371,8 @@ def _run_rows(runs, context: dict) -> list[dict]:
 def queue_view(request):
     """Queued and running runs in queue order (queue, priority, age), paginated
     like every list: ``{"queues", "count", "next", "previous", "runs"}``."""
-    active = (
-        Run.objects.filter(status__in=ACTIVE_STATUSES)
-        .select_related("owner")
-        .order_by("queue", "-priority", "created_at", "pk")
+    active = in_queue_order(
+        Run.objects.filter(status__in=ACTIVE_STATUSES).select_related("owner"), by_queue=True
     )
     paginator = BoundedLimitOffsetPagination()
     page = paginator.paginate_queryset(active, request)

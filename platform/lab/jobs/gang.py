@@ -40,6 +40,7 @@ from django.utils import timezone
 from lab.jobs.models import Worker
 from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.models import Run, RunStatus
+from lab.runs.queue_order import in_queue_order
 from trainer.launch import Rendezvous
 
 log = logging.getLogger("jobs")
@@ -101,10 +102,10 @@ def join(queue: str, *, worker_host: str, max_ranks: int) -> tuple[int, int, int
     PostgreSQL, IMMEDIATE transactions on SQLite) make two joiners take
     different nodes."""
     with transaction.atomic():
-        assembling = (
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(queue=queue, status=RunStatus.RUNNING, nodes__gt=1, gpus__lte=max_ranks)
-            .order_by("-priority", "created_at", "pk")
+        assembling = in_queue_order(
+            Run.objects.select_for_update(skip_locked=True).filter(
+                queue=queue, status=RunStatus.RUNNING, nodes__gt=1, gpus__lte=max_ranks
+            )
         )
         for run in assembling:
             gang = run.gang_members

@@ -30,6 +30,7 @@ from lab.runs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunOrigin, RunStatus
+from lab.runs.queue_order import QUEUE_ORDER
 from trainer.run_folder.files import METRICS_FILE, parse_metric_lines
 
 log = logging.getLogger("jobs")
@@ -44,8 +45,6 @@ class Claim:
     node: int = 0  # a gang's member number (lab/jobs/gang.py); 0 leads, and a lone run is 0
 
 
-# The claim order: what jobs/queries.py ``queue_position`` counts.
-CLAIM_ORDER = ("-priority", "created_at", "pk")
 # Candidates looked at per claim: another worker may take the first ones meanwhile.
 CLAIM_CANDIDATES = 8
 
@@ -91,7 +90,7 @@ def claim_next(
             candidates = list(
                 Run.objects.select_for_update(skip_locked=True)
                 .filter(queue=queue, status=RunStatus.QUEUED, **_fits(max_ranks))
-                .order_by(*CLAIM_ORDER)
+                .order_by(*QUEUE_ORDER)
                 .values_list("pk", "gpus")[:CLAIM_CANDIDATES]
             )
             for run_id, ranks in candidates:
@@ -292,7 +291,7 @@ def republish_queued_runs(republish_after_s: float) -> list[ReconcileAction]:
         missing = queued.count() - waiting if waiting is not None else queued.count()
         if missing <= 0:
             continue
-        lost = queued.filter(unpublished).order_by(*CLAIM_ORDER)
+        lost = queued.filter(unpublished).order_by(*QUEUE_ORDER)
         for run_id, priority, attempts in lost.values_list("pk", "priority", "attempts")[:missing]:
             task_id = new_task_id()
             # published_at moves on, so a run is republished at most once per period.
