@@ -132,7 +132,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     # torchrun's ranks join one process group; without torchrun this is SINGLE.
     dist = init_distributed(
-        cfg.run.ranks,
+        cfg.run.world_size,
         resolve_device(cfg.run.device),
         cfg.parallel.strategy,
         cfg.parallel.timeout_s,

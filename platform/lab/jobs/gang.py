@@ -50,7 +50,9 @@ def fitting_live_workers(run: Run) -> int:
     """Live workers serving the run's queue that own at least ``run.gpus`` ranks."""
     from lab.jobs.health import LIVE_WITHIN_S
 
-    return sum(1 for w in Worker.live_serving(run.queue, LIVE_WITHIN_S) if w.ranks >= run.gpus)
+    return sum(
+        1 for w in Worker.live_serving(run.queue, LIVE_WITHIN_S) if w.ranks_per_node >= run.gpus
+    )
 
 
 def free_port() -> int:
@@ -96,7 +98,7 @@ def lead(run_id: int, attempt: int, worker_host: str) -> bool:
     return True
 
 
-def join(queue: str, *, worker_host: str, max_ranks: int) -> tuple[int, int, int] | None:
+def join(queue: str, *, worker_host: str, max_ranks_per_node: int) -> tuple[int, int, int] | None:
     """Join the oldest gang of ``queue`` still missing members that fits this
     worker: (run id, attempt, node), or None. Row locks (SKIP LOCKED on
     PostgreSQL, IMMEDIATE transactions on SQLite) make two joiners take
@@ -104,7 +106,7 @@ def join(queue: str, *, worker_host: str, max_ranks: int) -> tuple[int, int, int
     with transaction.atomic():
         assembling = in_queue_order(
             Run.objects.select_for_update(skip_locked=True).filter(
-                queue=queue, status=RunStatus.RUNNING, nodes__gt=1, gpus__lte=max_ranks
+                queue=queue, status=RunStatus.RUNNING, nodes__gt=1, gpus__lte=max_ranks_per_node
             )
         )
         for run in assembling:

@@ -104,15 +104,15 @@ def waiting_reason(run: Run) -> str | None:
     workers = Worker.live_serving(run.queue, LIVE_WITHIN_S)
     if not workers:
         return unserved_warning(run.queue)
-    largest = max(workers, key=lambda w: w.ranks)
+    largest = max(workers, key=lambda w: w.ranks_per_node)
     unit = "GPU" if largest.gpus else "rank"
     need = f"{run.gpus} {unit}" + ("s" if run.gpus != 1 else "")
-    if largest.ranks < run.gpus:
+    if largest.ranks_per_node < run.gpus:
         return (
             f"needs {need}; the largest live worker on {run.queue} has "
             f"{largest.capacity_text()}: it waits until a worker that owns {run.gpus} starts"
         )
-    fitting = sum(1 for w in workers if w.ranks >= run.gpus)
+    fitting = sum(1 for w in workers if w.ranks_per_node >= run.gpus)
     if fitting < run.nodes:
         return (
             f"needs {run.nodes} workers with {need} each at once; {fitting} live worker"

@@ -70,10 +70,10 @@ def claim_run(run_id: int, *, worker_host: str, gpu_index: str = "") -> Claim | 
 
 
 def claim_next(
-    queue: str, *, worker_host: str, gpu_index: str = "", max_ranks: int | None = None
+    queue: str, *, worker_host: str, gpu_index: str = "", max_ranks_per_node: int | None = None
 ) -> Claim | None:
     """Claim the highest-priority, oldest queued run of ``queue`` that fits this
-    worker (``Run.gpus <= max_ranks``; None: any); None when none is left.
+    worker (``Run.gpus <= max_ranks_per_node``; None: any); None when none is left.
 
     Whatever message woke the worker, the database picks the run, so the order
     runs start is the queue position the pages show even on a broker that
@@ -89,7 +89,7 @@ def claim_next(
         with transaction.atomic():
             candidates = list(
                 Run.objects.select_for_update(skip_locked=True)
-                .filter(queue=queue, status=RunStatus.QUEUED, **_fits(max_ranks))
+                .filter(queue=queue, status=RunStatus.QUEUED, **_fits(max_ranks_per_node))
                 .order_by(*QUEUE_ORDER)
                 .values_list("pk", "gpus")[:CLAIM_CANDIDATES]
             )
@@ -103,8 +103,8 @@ def claim_next(
             return None
 
 
-def _fits(max_ranks: int | None) -> dict[str, int]:
-    return {} if max_ranks is None else {"gpus__lte": max_ranks}
+def _fits(max_ranks_per_node: int | None) -> dict[str, int]:
+    return {} if max_ranks_per_node is None else {"gpus__lte": max_ranks_per_node}
 
 
 def heartbeat(claim: Claim, current_step: int | None = None) -> bool:
