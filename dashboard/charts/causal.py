@@ -13,7 +13,6 @@ the run's first steps), ``summary`` (``collapsed``, ``collapse_step``, ``steps``
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,10 +138,3 @@ def gap_scatter(records: Sequence[RunRecord], colors: dict[str, str] | None = No
     layout["yaxis"]["range"] = [0, 1.05 * max(steps)]
     fig.update_layout(**layout)
     return fig
-
-
-def mean_gap_by_variant(records: Sequence[RunRecord]) -> dict[str, float]:
-    groups: dict[str, list[float]] = {}
-    for record in records:
-        groups.setdefault(record.variant, []).append(record.gap)
-    return {name: statistics.fmean(values) for name, values in groups.items()}
