@@ -164,8 +164,11 @@ def paired_contrasts(runs: list[RunRecord], reference: str | None) -> dict[str, 
         seeds = sorted(by_seed.keys() & base.keys())
         diffs = [by_seed[s] - base[s] for s in seeds]
         if diffs:
-            out[name] = {"pairs": len(diffs), "mean": statistics.fmean(diffs),
-                         "t": t_interval(diffs)}  # fmt: skip
+            out[name] = {
+                "pairs": len(diffs),
+                "mean": statistics.fmean(diffs),
+                "t": t_interval(diffs),
+            }
             if seeds and all(s in bases for s in seeds) and len({bases[s] for s in seeds}) >= 2:
                 clustered = paired_contrast(diffs, [bases[s] for s in seeds])
                 out[name].update({k: clustered[k] for k in CLUSTERED_KEYS if k in clustered})
@@ -299,8 +302,7 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         cell["collapse_rate_upper95"] = collapse_rate_bound(cell["collapsed"], cell["runs"])
         # If collapse proneness belongs to the base, the independent units are the bases:
         # the bound over bases with no collapsed run (0 of 4 bases: 53%).
-        collapsed_bases = len({r.base for r in runs if r.variant == cell["name"]
-                               and r.collapsed})  # fmt: skip
+        collapsed_bases = len({r.base for r in runs if r.variant == cell["name"] and r.collapsed})
         cell["bases_collapsed"] = collapsed_bases
         cell["collapse_rate_upper95_by_base"] = collapse_rate_bound(
             collapsed_bases, len(cell["bases"])

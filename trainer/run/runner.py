@@ -18,7 +18,7 @@ SIGTERM finishes the current step, checkpoints and ends with status cancelled
 
 Started by torchrun (run.gpus > 1), every rank runs this loop on its share of
 the step's prompts and every statistic is reduced over the ranks; rank 0 alone
-writes the run folder (trainer/distributed.py, docs/distributed.md).
+writes the run folder (trainer/distributed/, docs/distributed.md).
 The trainer holds the run folder's lock for its whole life and, under a
 supervisor, stops without a checkpoint once its lease expires
 (trainer/run_folder/guard.py).
@@ -143,10 +143,18 @@ def train(
         quiet = None if dist.is_main else open(os.devnull, "w")  # noqa: SIM115
         progress = Progress(cfg.run.steps, stream=quiet)
         inv = Invocation(
-            cfg, run_dir, resume, stop_after, StopFlag(), progress,
+            cfg,
+            run_dir,
+            resume,
+            stop_after,
+            StopFlag(),
+            progress,
             (log or progress.message) if dist.is_main else progress.message,
-            time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
-        )  # fmt: skip
+            time.perf_counter(),
+            lease or Lease(None, 0),
+            dist,
+            stop_at,
+        )
         inv.stop.install()
         finished = False
         try:

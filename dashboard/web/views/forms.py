@@ -69,9 +69,14 @@ def experiment_list(request):
     return render(
         request,
         "dashboard/experiment_list.html",
-        {"experiments": page.object_list, "page": page, "presets": list_presets(),
-         "errors": errors, "form": request.POST},
-    )  # fmt: skip
+        {
+            "experiments": page.object_list,
+            "page": page,
+            "presets": list_presets(),
+            "errors": errors,
+            "form": request.POST,
+        },
+    )
 
 
 def _initial_config(request, experiment: Experiment) -> tuple[dict[str, Any], str, Run | None]:
@@ -264,9 +269,14 @@ def sweep_new(request, pk: int):
             planned = sweeps.preview_sweep(base, grid, seeds)
             if data.get("action") == "create":
                 sweep = sweeps.create_sweep(
-                    owner=request.user, experiment=experiment, base_config=base, grid=grid,
-                    seeds=seeds, queue=data.get("queue"), name=data.get("name", ""),
-                )  # fmt: skip
+                    owner=request.user,
+                    experiment=experiment,
+                    base_config=base,
+                    grid=grid,
+                    seeds=seeds,
+                    queue=data.get("queue"),
+                    name=data.get("name", ""),
+                )
                 messages.success(request, f"Sweep queued: {sweep.runs.count()} runs.")
                 warn_if_unserved(request, sweep.runs.first().queue)
                 return redirect(EXPERIMENT_PAGE, pk)
@@ -278,10 +288,17 @@ def sweep_new(request, pk: int):
     return render(
         request,
         "dashboard/sweep_new.html",
-        {"experiment": experiment, "paths": paths, "rows": rows, "preview": preview,
-         "errors": errors, "presets": list_presets(), "queues": settings.LAB_QUEUES,
-         "data": data},
-    )  # fmt: skip
+        {
+            "experiment": experiment,
+            "paths": paths,
+            "rows": rows,
+            "preview": preview,
+            "errors": errors,
+            "presets": list_presets(),
+            "queues": settings.LAB_QUEUES,
+            "data": data,
+        },
+    )
 
 
 @login_required

@@ -188,11 +188,13 @@ class RunList(generics.ListAPIView):
         responses={201: s.RunSerializer, 200: s.RunSerializer},
         parameters=[
             OpenApiParameter(
-                "Idempotency-Key", str, OpenApiParameter.HEADER,
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
                 description="a retry with the same key returns the same run (200)",
             )
         ],
-    )  # fmt: skip
+    )
     def post(self, request):
         """Submit a run. ``Idempotency-Key`` (header): a retry with the key returns
         the run the first request stored (200), never a second one. A broker that
@@ -236,9 +238,11 @@ def _same_submission(earlier: Run, data: dict[str, Any]) -> bool:
     of the same request always does; another request under the key does not)."""
     experiment = data["experiment"]
     cfg = resolve_config(
-        data.get("config"), data.get("preset"), data.get("overrides"),
+        data.get("config"),
+        data.get("preset"),
+        data.get("overrides"),
         base=experiment.base_config or None,
-    )  # fmt: skip
+    )
     config = json.loads(json.dumps(cfg.to_dict()))  # as the JSON field stores it
     return (
         earlier.experiment_id == experiment.pk

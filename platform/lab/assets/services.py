@@ -100,10 +100,15 @@ def register_dataset(
         raise FieldError([("verifier", f"choose one of: {', '.join(Verifier.values)}")])
     description = clean_text("description", description, max_length=5000, multiline=True)
     fields = dict(
-        name=name, path=path, prompt_field=prompt_field, answer_field=answer_field,
-        prompt_template=prompt_template, verifier=verifier, description=description,
+        name=name,
+        path=path,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        prompt_template=prompt_template,
+        verifier=verifier,
+        description=description,
         owner=owner,
-    )  # fmt: skip
+    )
     if _file_size(path) > settings.LAB_DATASET_INLINE_BYTES:
         dataset = _create(RegisteredDataset, status=DatasetStatus.CHECKING, **fields)
         transaction.on_commit(lambda: _publish_check(dataset.pk))
@@ -155,9 +160,12 @@ def check_dataset(dataset_id: int) -> str:
         return "skipped"
     try:
         facts = inspect_dataset(
-            dataset.path, dataset.prompt_field, dataset.answer_field,
-            dataset.prompt_template, dataset.verifier,
-        )  # fmt: skip
+            dataset.path,
+            dataset.prompt_field,
+            dataset.answer_field,
+            dataset.prompt_template,
+            dataset.verifier,
+        )
     except FieldError as exc:
         message = "; ".join(f"{path}: {text}" for path, text in exc.errors)
         RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
@@ -165,9 +173,12 @@ def check_dataset(dataset_id: int) -> str:
         )
         return DatasetStatus.FAILED
     RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
-        status=DatasetStatus.READY, rows=facts.rows, problems=facts.problems,
-        skipped=facts.skipped, error="",
-    )  # fmt: skip
+        status=DatasetStatus.READY,
+        rows=facts.rows,
+        problems=facts.problems,
+        skipped=facts.skipped,
+        error="",
+    )
     log.info("dataset %s checked: %s problems of %s rows", dataset_id, facts.problems, facts.rows)
     return DatasetStatus.READY
 

@@ -163,9 +163,18 @@ def gpu_memory_gb(device: str) -> float | None:
         return float(settings.LAB_GPU_MEMORY_GB)
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", device],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout  # fmt: skip
+            [
+                "nvidia-smi",
+                "--query-gpu=memory.total",
+                "--format=csv,noheader,nounits",
+                "-i",
+                device,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         return float(out.strip().splitlines()[0]) / 1024  # MiB -> GiB
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -234,9 +243,13 @@ def _slot_worker(named: tuple[str, ...], gpus: int, slot_gb: float) -> WorkerCap
         if slot is not None:
             share = min(1.0, slot_gb / memory) if slots > 1 else None
             return WorkerCapacity(
-                gpus=1, cpu_slots=settings.LAB_WORKER_CPU_SLOTS, devices=(device,),
-                slot=slot, slots=slots, memory_share=share,
-            )  # fmt: skip
+                gpus=1,
+                cpu_slots=settings.LAB_WORKER_CPU_SLOTS,
+                devices=(device,),
+                slot=slot,
+                slots=slots,
+                memory_share=share,
+            )
     raise DeviceBusy(
         f"every slot of GPU {', '.join(candidates)} is taken (or a whole-GPU worker holds "
         "it); start fewer workers or raise the host's GPUs"

@@ -93,8 +93,13 @@ def lead(run_id: int, attempt: int, worker_host: str) -> bool:
         run.save(update_fields=["gang", "rdzv_endpoint"])
         for _ in range(run.nodes - 1):
             send_run_on_commit(run.pk, run.queue, run.priority, new_task_id())
-    log.info("run %s attempt %s: leading a gang of %s at %s", run_id, attempt, run.nodes,
-             run.rdzv_endpoint)  # fmt: skip
+    log.info(
+        "run %s attempt %s: leading a gang of %s at %s",
+        run_id,
+        attempt,
+        run.nodes,
+        run.rdzv_endpoint,
+    )
     return True
 
 
