@@ -156,7 +156,7 @@ class RunSerializer(serializers.ModelSerializer):
         fields = [
             "id", "experiment", "sweep", "owner", "variant", "preset", "seed", "status",
             "queue", "priority", "gpus", "nodes", "gang", "rdzv_endpoint", "task_id", "worker_host", "gpu_index", "attempts",
-            "max_attempts", "cancel_requested", "created_at", "queued_at", "started_at",
+            "max_attempts", "cancel_requested", "paused", "created_at", "queued_at", "started_at",
             "finished_at", "heartbeat_at", "current_step", "total_steps", "progress",
             "queue_position", "eta_s", "waiting_reason", "summary", "error", "run_dir",
             "config",

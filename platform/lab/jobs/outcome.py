@@ -6,6 +6,9 @@ trainer stops the same way on any SIGTERM or SIGINT (it finishes its step,
 saves its state and reports ``cancelled``), and cannot know why it got one.
 
 * **cancel**: the user asked (``Run.cancel_requested``): the run ends cancelled.
+* **pause**: its sweep was paused (``Run.paused``, lab/runs/bulk.py): the run
+  goes back to the queue, held, its attempt given back; resuming the sweep
+  lets a worker claim it again, and that attempt resumes from the checkpoint.
 * **shutdown**: this worker is shutting down (``worker_state.SHUTDOWN``: SIGTERM
   or Ctrl-C to the worker, ``make up`` stopping, ``docker stop``), whether this
   supervisor passed the stop on or the signal reached the trainer directly
@@ -77,9 +80,9 @@ def ranks_exit_code(run_dir: Path, returncode: int) -> int:
 
 
 def stop_cause(sup: Supervision, returncode: int) -> str:
-    """Why the trainer stopped before its end: "cancel", "shutdown",
+    """Why the trainer stopped before its end: "cancel", "pause", "shutdown",
     "interrupted" (see the module docstring), or "" when it ended on its own."""
-    if sup.reason in ("cancel", "shutdown"):
+    if sup.reason in ("cancel", "pause", "shutdown"):
         return sup.reason
     status = (read_summary(sup.run_dir) or {}).get("status")
     if status != RunStatus.CANCELLED and returncode not in STOP_SIGNAL_EXITS:
@@ -87,9 +90,7 @@ def stop_cause(sup: Supervision, returncode: int) -> str:
     # Stopped by a signal this supervisor did not send (or had not sent yet).
     if SHUTDOWN.is_set():
         return "shutdown"
-    if job_services.cancel_requested(sup.claim):
-        return "cancel"
-    return "interrupted"
+    return job_services.stop_requested(sup.claim) or "interrupted"
 
 
 def outcome(

@@ -15,10 +15,11 @@ from lab.runs.models import Run, RunStatus
 
 
 def queue_position(run: Run) -> int | None:
-    """1-based place among the queued runs of the same queue (priority, then age)."""
-    if run.status != RunStatus.QUEUED:
+    """1-based place among the queued runs of the same queue (priority, then age);
+    None for a run that is not queued or is paused (no worker claims it)."""
+    if run.status != RunStatus.QUEUED or run.paused:
         return None
-    ahead = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED).filter(
+    ahead = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED, paused=False).filter(
         Q(priority__gt=run.priority) | Q(priority=run.priority, created_at__lt=run.created_at)
     )
     return ahead.count() + 1
@@ -32,11 +33,13 @@ def queue_positions(runs: Iterable[Run]) -> dict[int, int]:
     involved, in queue order, and ranks them as ``queue_position`` does: runs
     with the same priority and creation time share a place (SQL's RANK()).
     """
-    wanted = {run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED}
+    wanted = {
+        run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED and not run.paused
+    }
     if not wanted:
         return {}
     rows = (
-        Run.objects.filter(status=RunStatus.QUEUED, queue__in=set(wanted.values()))
+        Run.objects.filter(status=RunStatus.QUEUED, paused=False, queue__in=set(wanted.values()))
         .order_by("queue", "-priority", "created_at")
         .values_list("pk", "queue", "priority", "created_at")
     )
@@ -70,7 +73,10 @@ def placement_text(run: Run) -> str:
     """Where the run stands, one line for the run page's header and its status poll:
     "position 2 in cpu · attempt 0/3", "queue cpu · worker w1 GPU 0 · attempt 1/3 · ETA 40 s"."""
     position = queue_position(run)
-    parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
+    if run.waits_paused:
+        parts = [f"paused in {run.queue} (resume its sweep to queue it again)"]
+    else:
+        parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
     gang = run.gang_members
     if run.nodes > 1 and gang and run.status == RunStatus.RUNNING:
         workers = ", ".join(m["worker"] for m in gang)
@@ -85,6 +91,8 @@ def placement_text(run: Run) -> str:
         parts.append(f"ETA {eta:.0f} s")
     if run.cancel_requested and run.status == RunStatus.RUNNING:
         parts.append("cancelling…")
+    elif run.paused and run.status == RunStatus.RUNNING:
+        parts.append("pausing… (stops at a checkpoint)")
     return " · ".join(parts)
 
 
@@ -108,6 +116,8 @@ def waiting_reason(run: Run) -> str | None:
     GPUs; the largest live worker on gpu-a100 has 4 GPUs"). None otherwise."""
     if run.status != RunStatus.QUEUED:
         return None
+    if run.paused:
+        return "paused with its sweep: no worker takes it until the sweep is resumed"
     workers = Worker.live_serving(run.queue, LIVE_WITHIN_S)
     if not workers:
         return unserved_warning(run.queue)

@@ -151,6 +151,9 @@ def _record(run: Run, sup: Supervision, returncode: int, log_path: Path) -> str:
     if cause == "shutdown":
         outcome.give_back(claim, sup, "the worker shut down", log_path)
         return "requeued"
+    if cause == "pause":
+        outcome.give_back(claim, sup, "its sweep was paused (held until it is resumed)", log_path)
+        return "paused"
     if returncode in outcome.RETRY_REASONS:
         return outcome.retry_later(claim, sup, outcome.RETRY_REASONS[returncode], log_path)
     if run.nodes > 1:

@@ -98,6 +98,12 @@ class Run(models.Model):
     )
     max_attempts = models.PositiveSmallIntegerField(default=3)
     cancel_requested = models.BooleanField(default=False)
+    paused = models.BooleanField(
+        default=False,
+        help_text="Held out of the queue (its sweep was paused): no worker claims it, and a "
+        "training run stops at a checkpoint and comes back queued and paused, its attempt "
+        "given back; resuming queues it where its priority and age put it (lab.runs.bulk).",
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
@@ -182,6 +188,11 @@ class Run(models.Model):
     @property
     def is_external(self) -> bool:
         return self.origin == RunOrigin.EXTERNAL
+
+    @property
+    def waits_paused(self) -> bool:
+        """Queued but held back: no worker claims it until it is resumed."""
+        return self.paused and self.status == RunStatus.QUEUED
 
     @property
     def is_active(self) -> bool:
