@@ -16,7 +16,8 @@ import re
 from import_graph import ROOT, import_edges, project_modules, strongly_connected
 
 # docs/design.md 1.3, lowest first: the contracts (bad input, metric keys, the
-# torchrun command), the pure formulas, the schema, the tasks and the one gate a
+# torchrun command, the rule of which reward functions may run, the bounded
+# child process that runs user-supplied code), the pure formulas, the schema, the tasks and the one gate a
 # config passes, the run folder's contract, what a device can do, the model, the
 # rollout engine, the distributed seam, the stabilizers, Hugging Face import and
 # export, the statistics of runs, the loop, the studies, the command line.
@@ -25,6 +26,7 @@ TRAINER_ORDER = (
     "metric_keys",
     "launch",
     "reward_functions",
+    "sandbox",
     "algorithms",
     "config",
     "tasks",

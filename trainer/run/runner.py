@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,33 +76,9 @@ from trainer.run.device_record import device_record
 from trainer.run.measure_step import measure_batch
 from trainer.run.progress import Progress
 from trainer.run.schedules import entropy_coef_at, lr_at, prompts_at
+from trainer.run.stop import StopFlag, StopRequested
 from trainer.run_folder.files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
 from trainer.run_folder.guard import Lease, LeaseExpired, RunDirLock
-
-
-class _StopFlag:
-    """Set by SIGTERM/SIGINT; the loop checks it between steps."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            # signal() raises ValueError outside the main thread (e.g. a test runner thread).
-            with contextlib.suppress(ValueError):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-
-class StopRequested(Exception):
-    """SIGTERM/SIGINT arrived during the warm start (before any RL state exists)."""
 
 
 @dataclass
@@ -114,7 +89,7 @@ class Invocation:
     run_dir: Path
     resume: bool
     stop_after: int | None  # end this call after that many steps (status "stopped")
-    stop: _StopFlag  # SIGTERM/SIGINT asked to end after the current step
+    stop: StopFlag  # SIGTERM/SIGINT asked to end after the current step
     progress: Progress
     log: Callable[[str], None]
     t_start: float
@@ -169,7 +144,7 @@ def train(
         quiet = None if dist.is_main else open(os.devnull, "w")  # noqa: SIM115
         progress = Progress(cfg.run.steps, stream=quiet)
         inv = Invocation(
-            cfg, run_dir, resume, stop_after, _StopFlag(), progress,
+            cfg, run_dir, resume, stop_after, StopFlag(), progress,
             (log or progress.message) if dist.is_main else progress.message,
             time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
         )  # fmt: skip
