@@ -51,6 +51,7 @@ from trainer.distributed import (
     rank_device,
     shutdown_distributed,
 )
+from trainer.errors import FieldError
 from trainer.hf.loader import resolve_model_source
 from trainer.model.expert_parallel import expert_shards, slice_expert_shards
 from trainer.rollout.data import RolloutData
@@ -278,6 +279,21 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
     """6. record: batch accuracy, held-out evaluation when due, collapse check."""
     cfg = ctx.cfg
     finite = bool(metrics.pop("_finite"))
+    if not finite and step == 0:
+        # Nothing was learned yet: the starting weights (or a config that overflows
+        # at once) make the loss undefined. That is a failed run, not a collapse.
+        where = "model.source" if cfg.model.source != "builtin" else "optim.lr"
+        raise FieldError(
+            [
+                (
+                    where,
+                    "the loss or gradient is not finite at the first step (policy/loss "
+                    f"{metrics.get(K.POLICY_LOSS)}): NaN or Inf in the starting weights, or a "
+                    "config that overflows at once; the run failed before training, it did "
+                    "not collapse",
+                )
+            ]
+        )
     acc = metrics[K.REWARD_ACCURACY]
     ctx.state.accuracy_history.append(acc)
     gap = metrics.get(K.MISMATCH_ROUTING_INCONSISTENCY)
