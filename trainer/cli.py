@@ -199,6 +199,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--study", default="causal", help="STUDY.json or a built-in name")
     report.add_argument("--out", required=True, help="the study folder")
 
+    compact = sub.add_parser(
+        "compact",
+        help="gzip the metrics.jsonl of every finished run under a study folder (committed results)",
+    )
+    compact.add_argument("out", metavar="OUT", help="a study folder (or one run folder)")
+
     calibrate = sub.add_parser(
         "calibrate", help="router noise sigma -> routing gap, k3, SDI and expert balance per base"
     )
@@ -324,6 +330,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             causal_report(load_definition(args.study), Path(args.out))
             print((Path(args.out) / "causal.md").read_text())
+            return 0
+        if args.command == "compact":
+            from trainer.run_folder.files import SUMMARY_FILE, compact_run
+
+            done = sum(compact_run(p.parent) for p in sorted(Path(args.out).rglob(SUMMARY_FILE)))
+            print(f"compacted {done} finished run folders under {args.out}")
             return 0
         if args.command == "calibrate":
             from trainer.studies.calibration import calibrate_study

@@ -3,9 +3,10 @@
 The same formulas as the training model (``trainer.model.layers``: positions,
 rotary angles, the attention mask; ``trainer.model.dispatch``: the grouped
 expert matmul), computed with the engine's numerics and a preallocated static
-KV cache, so the numbers differ the way an inference engine's do. Mixed into
-``RolloutEngine``, which sets the attributes used here in ``__init__`` and
-``load_weights``.
+KV cache, so the numbers differ the way an inference engine's do. One part of
+``RolloutEngine``, which owns it: it reads the engine's weights
+(``trainer.rollout.weights.EngineWeights``) and keeps the KV cache, the rotary
+table and the dispatch's slot index between calls.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from trainer.config import ModelConfig
 from trainer.model.activations import gated_hidden
 from trainer.model.dispatch import Dispatch, expert_counts, resolve_backend
 from trainer.model.expert_parallel import run_on_owners
@@ -28,15 +30,62 @@ from trainer.model.layers import (
     rotary_cos_sin,
     sink_attention,
 )
+from trainer.model.mla import mla_softmax_scale
 from trainer.model.routing import affinities, choice_scores, gate_weights, select_experts
 from trainer.rollout.mla import latent_cache_shape, latent_output, latent_rows
-from trainer.rollout.weights import EngineLayer
+from trainer.rollout.router_noise import RouterNoise
+from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
 class EngineForward:
-    """Prefill (``_forward``) and one-token decode (``_decode``) over ``self.layers``."""
+    """Prefill (``forward``) and one-token decode (``decode``) over ``weights.layers``.
 
-    def _static_cache(self, batch: int, length: int):
+    cfg: the model's shape; weights: the engine's weights (filled by each sync);
+    moe_backend: the expert GEMMs' backend (``trainer.model.dispatch``);
+    router_noise: the routing-only dose, or None.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: EngineWeights,
+        moe_backend: str = "auto",
+        router_noise: RouterNoise | None = None,
+    ):
+        self.cfg = cfg
+        self.weights = weights
+        self.num = weights.num
+        self.device = weights.device
+        self.moe_backend = moe_backend
+        self.router_noise = router_noise
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.resolved_n_kv_heads
+        self.head_dim = cfg.resolved_head_dim
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.qkv_split = (self.n_heads * self.head_dim, kv_dim, kv_dim)
+        # Rotary covers the first rotary_dim of each head (all of it but under partial
+        # rotary; the rope part of a latent-attention head).
+        self.rotary_dim = cfg.resolved_rotary_dim
+        self.attn_scale = mla_softmax_scale(cfg) if cfg.mla.enabled else self.head_dim**-0.5
+        # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
+        # needs as many key as query heads, no per-tensor q/k norm, whole-head rotary.
+        self.joint_qk = (
+            self.n_kv_heads == self.n_heads
+            and cfg.qk_norm == "none"
+            and self.rotary_dim == self.head_dim
+            and not cfg.mla.enabled
+        )
+        inv_freq, self.rope_scale = rope_frequencies(
+            self.rotary_dim, cfg.rope_theta, cfg.rope_scaling
+        )
+        self.inv_freq = inv_freq.to(self.device)
+        # Kept between calls: (keys, values) cache buffers, the (S, 2, hd) rotary
+        # table, the dispatch's slot index (static_decode marks them static).
+        self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rope: torch.Tensor | None = None
+        self.slots: torch.Tensor | None = None
+
+    def static_cache(self, batch: int, length: int):
         """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls.
 
         Latent attention caches one (L, B, 1, S, r + d_r) buffer of latent rows; its
@@ -46,19 +95,19 @@ class EngineForward:
         else:
             shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
         if (
-            self._cache is None
-            or self._cache[0].shape[:2] != shape[:2]
-            or (self._cache[0].shape[3] < length)
+            self.cache is None
+            or self.cache[0].shape[:2] != shape[:2]
+            or (self.cache[0].shape[3] < length)
         ):
             keys = torch.empty(shape, dtype=self.num.dtype, device=self.device)
             if self.cfg.mla.enabled:
                 values = keys[..., : self.cfg.mla.kv_lora_rank]
             else:
                 values = torch.empty(shape, dtype=self.num.dtype, device=self.device)
-            self._cache = (keys, values)
-        return self._cache
+            self.cache = (keys, values)
+        return self.cache
 
-    def _rope_table(self, length: int) -> torch.Tensor:
+    def rope_table(self, length: int) -> torch.Tensor:
         """(S, 2, hd) fp32: cos and sign-folded sin for positions 0..S-1, grown on demand.
 
         cos[p] equals ``rotary_cos_sin`` at position p bit for bit (same
@@ -67,13 +116,13 @@ class EngineForward:
         products are sign-symmetric): one lookup and one roll per decode step
         instead of recomputing the angles and a neg + cat.
         """
-        if self._rope is None or self._rope.shape[0] < length:
+        if self.rope is None or self.rope.shape[0] < length:
             positions = torch.arange(length, device=self.device)[None]
             cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq, self.rope_scale))
             half = self.rotary_dim // 2
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-            self._rope = torch.stack((cos, sin), dim=1)
-        return self._rope
+            self.rope = torch.stack((cos, sin), dim=1)
+        return self.rope
 
     def _inv_freq_for(self, positions: torch.Tensor) -> torch.Tensor:
         """Rotary frequencies for these positions: fixed, except dynamic NTK scaling
@@ -88,9 +137,9 @@ class EngineForward:
 
     def _decode_angles(self, position: torch.Tensor) -> torch.Tensor:
         """(B, 2, hd) cos and sign-folded sin for the decode positions (B,): rows of
-        ``_rope_table``, or computed afresh where dynamic NTK scaling grows the base."""
+        ``rope_table``, or computed afresh where dynamic NTK scaling grows the base."""
         if dynamic_rope_length(position, self.cfg.rope_scaling) is None:
-            return self._rope[position]
+            return self.rope[position]
         cos, sin = rotary_cos_sin(position[:, None], self._inv_freq_for(position))
         cos, sin = cos[:, 0, 0], sin[:, 0, 0]  # (B, hd)
         half = self.rotary_dim // 2
@@ -138,9 +187,9 @@ class EngineForward:
         order within an expert) in fewer ops."""
         flat = top.view(-1)
         n = flat.numel()
-        if self._slots is None or self._slots.numel() < n:
-            self._slots = torch.arange(n, device=flat.device)
-        slots = self._slots[:n]
+        if self.slots is None or self.slots.numel() < n:
+            self.slots = torch.arange(n, device=flat.device)
+        slots = self.slots[:n]
         order = torch.argsort(flat, stable=True)
         # Counts by search in the sorted ids: bincount syncs on CUDA.
         counts, offsets = expert_counts(flat.index_select(0, order), n_experts)
@@ -181,7 +230,7 @@ class EngineForward:
         )
         gates = gate_weights(scores, top, self.cfg.norm_topk_prob, rc.score, rc.scaling)
 
-        shard = self.expert_shard
+        shard = self.weights.expert_shard
         dispatch = self._dispatch(top, shard.n_experts if shard else layer.router.shape[0])
         xs = num.expert_input(x.index_select(0, dispatch.token))
         # Resolved on the rows the expert GEMMs get: under fp8 with emulated experts
@@ -248,7 +297,7 @@ class EngineForward:
         )  # fmt: skip
         return latent_output(self, layer.mla, self.num.round_(attended))
 
-    def _forward(
+    def forward(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
@@ -271,18 +320,18 @@ class EngineForward:
         num = self.num
         b, t = tokens.shape
         d = self.cfg.d_model
-        x = self.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
+        x = self.weights.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
         rope = None
-        if self.pos_emb is not None:
-            x = num.round_(x + self.pos_emb[positions])
+        if self.weights.pos_emb is not None:
+            x = num.round_(x + self.weights.pos_emb[positions])
         else:
             rope = rotary_cos_sin(positions, self._inv_freq_for(positions), self.rope_scale)
         mask4d = attention_bias_mask(key_valid, t)
         window = self.cfg.sliding_window
         slide4d = attention_bias_mask(key_valid, t, window) if window is not None else None
-        cache = self._cache if cache_start is not None else None
+        cache = self.cache if cache_start is not None else None
         moe_i = 0
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.weights.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
             mask_i = slide4d if self.cfg.uses_sliding_window(i) else mask4d
             if layer.mla is not None:
@@ -312,8 +361,8 @@ class EngineForward:
             else:
                 y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
-        h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
-        return num.linear(h, self.lm_head, fp8=False).float()
+        h = num.round_(self._norm(x if all_positions else x[:, -1], self.weights.norm_f))
+        return num.linear(h, self.weights.lm_head, fp8=False).float()
 
     def _attend_one(self, q, keys, values, bias, sinks, n_kv: int, groups: int) -> torch.Tensor:
         """One query per row over the cache, by hand: for one query SDPA's blocked CPU
@@ -346,7 +395,7 @@ class EngineForward:
         attended = self._attend_one(query[:, :, 0], keys, values, bias, None, 1, self.n_heads)
         return latent_output(self, layer.mla, attended.view(b, self.n_heads, 1, r))[:, 0]
 
-    def _decode(
+    def decode(
         self,
         token: torch.Tensor,
         position: torch.Tensor,
@@ -354,7 +403,7 @@ class EngineForward:
         key_bias: torch.Tensor,
         routing_out: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One cached decode step: the same math as ``_forward`` with T == 1,
+        """One cached decode step: the same math as ``forward`` with T == 1,
         written for the fewest ops (decode is bound by per-op overhead).
 
         token, position: (B,) the token fed at cache column ``col`` and its
@@ -367,7 +416,7 @@ class EngineForward:
         ``trainer.rollout.static_decode`` runs the same loop over the whole
         cache width for a compiler or a CUDA graph.
         """
-        keys, values = self._cache
+        keys, values = self.cache
         end = col + 1
         slide_bias = None
         if self.cfg.sliding_window is not None:
@@ -384,11 +433,11 @@ class EngineForward:
         def store_routing(moe_i: int, top: torch.Tensor) -> None:
             routing_out[moe_i] = top
 
-        return self._decode_layers(
+        return self.decode_layers(
             token, position, kv, None if routing_out is None else store_routing
         )
 
-    def _decode_layers(
+    def decode_layers(
         self,
         token: torch.Tensor,
         position: torch.Tensor,
@@ -407,16 +456,16 @@ class EngineForward:
         n_heads, n_kv, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
         rd = self.rotary_dim
         groups = n_heads // n_kv
-        x = self.tok_emb[token]  # (B, D), rows of a stored table
+        x = self.weights.tok_emb[token]  # (B, D), rows of a stored table
         cos = sin = None
-        if self.pos_emb is not None:
-            x = num.round_(x + self.pos_emb[position])
+        if self.weights.pos_emb is not None:
+            x = num.round_(x + self.weights.pos_emb[position])
         else:
             angles = self._decode_angles(position)  # (B, 2, rd)
             cos = angles[:, 0].view(b, 1, 1, rd)
             sin = angles[:, 1].view(b, 1, 1, rd)
         moe_i = 0
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.weights.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
             if layer.mla is not None:
                 y = self._latent_decode(layer, h, cos, sin, kv, i)
@@ -447,13 +496,13 @@ class EngineForward:
             else:
                 y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
-        h = num.round_(self._norm(x, self.norm_f))
-        return num.linear(h, self.lm_head, fp8=False).float()
+        h = num.round_(self._norm(x, self.weights.norm_f))
+        return num.linear(h, self.weights.lm_head, fp8=False).float()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int):
     """Rotary on the first ``rotary_dim`` of (..., hd) with the sign-folded sin table
-    (``_rope_table``), in fp32; the other dims pass (partial rotary, GLM-4.5)."""
+    (``rope_table``), in fp32; the other dims pass (partial rotary, GLM-4.5)."""
     if x.shape[-1] > rotary_dim:
         rotated = _rotate(x[..., :rotary_dim], cos, sin, rotary_dim)
         return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
