@@ -118,6 +118,14 @@ def _with_form_fields(model: RegisteredModel) -> RegisteredModel:
     return model
 
 
+def _errors_of_a_refused_config(sections, run: Run) -> list[str]:
+    """The errors ``run`` failed on, put at their fields; the ones no field
+    claims (the config as a whole, an unknown key), as lines."""
+    errors = [(path, m) for path, messages in run.field_errors.items() for m in messages]
+    whole = [f"run #{run.pk} failed on its config: {m}" for p, m in errors if p == "__all__"]
+    return whole + schema_form.attach_errors(sections, [e for e in errors if e[0] != "__all__"])
+
+
 def typed_priority(raw: str) -> int | str:
     """The typed priority as an int, or the text as typed (check_priority then names it)."""
     text = raw.strip() or str(lifecycle.DEFAULT_PRIORITY)
@@ -187,6 +195,8 @@ def run_new(request, pk: int):
         if clone:
             priority_text = str(lifecycle.clone_priority(clone, request.user))
         schema_form.fill(sections, reference)
+        if clone is not None and clone.failed_on_config:  # "Clone and fix"
+            other_errors += _errors_of_a_refused_config(sections, clone)
         json_text = json.dumps(reference, indent=2)
     schema_form.set_reference(sections, reference)
     error_fields = schema_form.error_fields(sections)

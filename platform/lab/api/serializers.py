@@ -158,7 +158,7 @@ class RunSerializer(serializers.ModelSerializer):
             "queue", "priority", "gpus", "nodes", "gang", "rdzv_endpoint", "task_id", "worker_host", "gpu_index", "attempts",
             "max_attempts", "cancel_requested", "paused", "created_at", "queued_at", "started_at",
             "finished_at", "heartbeat_at", "current_step", "total_steps", "progress",
-            "queue_position", "eta_s", "waiting_reason", "summary", "error", "run_dir",
+            "queue_position", "eta_s", "waiting_reason", "summary", "error", "field_errors", "run_dir",
             "config",
         ]  # fmt: skip
 
@@ -182,7 +182,9 @@ class RunListSerializer(RunSerializer):
 
     class Meta(RunSerializer.Meta):
         fields = [
-            f for f in RunSerializer.Meta.fields if f not in ("config", "error", "waiting_reason")
+            f
+            for f in RunSerializer.Meta.fields
+            if f not in ("config", "error", "field_errors", "waiting_reason")
         ]
 
 

@@ -34,8 +34,13 @@ from lab.jobs.spawn import has_checkpoint
 from lab.jobs.watch import Supervision, ids
 from lab.jobs.worker_state import SHUTDOWN
 from lab.runs.models import Run, RunStatus
-from trainer.errors import BAD_INPUT_EXIT_CODE
-from trainer.run_folder.files import CONFIG_FILE, EXIT_CODE_FILE, SUMMARY_FILE
+from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
+from trainer.run_folder.files import (
+    CONFIG_FILE,
+    EXIT_CODE_FILE,
+    SUMMARY_FILE,
+    read_field_errors,
+)
 from trainer.run_folder.guard import LEASE_EXPIRED_EXIT_CODE, RUN_DIR_BUSY_EXIT_CODE
 
 log = logging.getLogger("jobs")
@@ -117,6 +122,18 @@ def outcome(
         summary,
         f"trainer exited with code {returncode} (log {log_path})\n{log_tail(log_path)}",
     )
+
+
+def config_field_errors(run_dir: Path, returncode: int) -> dict[str, list[str]] | None:
+    """The config fields the trainer refused (exit BAD_INPUT_EXIT_CODE), as
+    ``{path: [messages]}`` from the run folder's field_errors.json; None for any
+    other exit. A refusal that left no file is named as the config's whole."""
+    if returncode != BAD_INPUT_EXIT_CODE:
+        return None
+    errors = read_field_errors(run_dir) or [
+        ("", f"the trainer refused its config (exit code {BAD_INPUT_EXIT_CODE}): see its log")
+    ]
+    return FieldError(errors).as_dict()
 
 
 def member_exit(claim: job_services.Claim, sup: Supervision, returncode: int, log_path) -> str:

@@ -138,12 +138,15 @@ def finish_run(
     summary: dict[str, Any] | None,
     error: str = "",
     current_step: int | None = None,
+    field_errors: dict[str, list[str]] | None = None,
 ) -> bool:
-    """running -> final status, fenced by the attempt; False if this attempt lost the run."""
+    """running -> final status, fenced by the attempt; False if this attempt lost the run.
+    ``field_errors``: the config fields a run failed on ({path: [messages]})."""
     fields: dict[str, Any] = {
         "status": status,
         "summary": summary,
         "error": error[-20000:],
+        "field_errors": field_errors or {},
         "finished_at": timezone.now(),
         "heartbeat_at": timezone.now(),
     }

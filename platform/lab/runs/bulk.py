@@ -133,6 +133,12 @@ def requeue_run(run: Run, *, user) -> Run:
         raise lifecycle.InvalidState(
             "an external run is trained elsewhere; the lab cannot requeue it"
         )
+    if run.failed_on_config:  # the same config would be refused the same way
+        fields = ", ".join(sorted(run.field_errors))
+        raise lifecycle.InvalidState(
+            f"run {run.pk} failed on its config ({fields}): a requeue would fail the same "
+            "way; Clone and fix it instead"
+        )
     with transaction.atomic():
         task_id = new_task_id()
         updated = Run.objects.filter(pk=run.pk, status__in=REQUEUEABLE_STATUSES).update(

@@ -143,6 +143,14 @@ class Run(models.Model):
     total_steps = models.IntegerField()
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    field_errors = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The config fields a failed run was refused on where it was to train "
+        "(the trainer's exit code 2, or the worker's check of its paths): {dotted path: "
+        "[messages]}. Such a run is cloned and fixed (the run form shows them at their "
+        "fields), never requeued: it would fail the same way.",
+    )
     run_dir = models.CharField(max_length=500, blank=True)
     origin = models.CharField(
         max_length=16,
@@ -188,6 +196,10 @@ class Run(models.Model):
     @property
     def is_external(self) -> bool:
         return self.origin == RunOrigin.EXTERNAL
+
+    @property
+    def failed_on_config(self) -> bool:
+        return self.status == RunStatus.FAILED and bool(self.field_errors)
 
     @property
     def waits_paused(self) -> bool:
