@@ -71,6 +71,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.tasks.text_data",
         "trainer.tasks.verifiers",
         "trainer.reward_functions",
+        "trainer.hf.finite",
         "trainer.validation",
         "trainer.run_folder.warmstart_progress",
         "trainer.launch",

@@ -7,8 +7,9 @@
     python -m trainer export RUN_DIR --step N --out DIR [--dtype bfloat16] [--replace]
 
 A bad config prints the offending field paths and exits with code 2 before
-anything is written. A run folder held by another trainer exits with code 73
-at once; an expired lease (the supervisor stopped renewing --lease-file)
+anything is written (into a run folder that exists already, the one the
+platform prepared, it leaves them as field_errors.json). A run folder held
+by another trainer exits with code 73 at once; an expired lease (the supervisor stopped renewing --lease-file)
 exits with code 76 without a checkpoint (trainer/run_folder/guard.py).
 """
 
@@ -26,7 +27,7 @@ from trainer.config import ConfigDeprecationWarning, ExperimentConfig, apply_ove
 from trainer.config.presets import list_presets, preset_dict
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf.loader import resolve_model_source
-from trainer.run_folder.files import EXIT_CODE_FILE
+from trainer.run_folder.files import EXIT_CODE_FILE, write_field_errors
 from trainer.run_folder.guard import (
     LEASE_EXPIRED_EXIT_CODE,
     RUN_DIR_BUSY_EXIT_CODE,
@@ -382,5 +383,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("invalid config:", file=sys.stderr)
         for path, msg in exc.errors:
             print(f"  {path or '(root)'}: {msg}", file=sys.stderr)
+        if args.command == "run":  # the platform's run form shows them at their fields
+            write_field_errors(Path(args.out), exc.errors)
         return BAD_INPUT_EXIT_CODE
     return 1

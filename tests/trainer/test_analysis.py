@@ -252,7 +252,18 @@ def test_paired_contrasts_against_the_reference_cell_by_hand():
             {"step": 1},
             {"step": 2, K.EVAL_ACCURACY: last},
         ]
-        return {"variant": variant, "seed": seed, "rows": rows}
+        return RunRecord(
+            variant=variant,
+            seed=seed,
+            base=0,
+            moe=True,
+            r3=False,
+            gap=0.0,
+            collapsed=False,
+            collapse_step=None,
+            steps=3,
+            rows=rows,
+        )  # one base
 
     runs = [run("ref", 0, 0.2, 0.5), run("ref", 1, 0.3, 0.5), run("ref", 2, 0.1, 0.2),
             run("fix", 0, 0.2, 0.4), run("fix", 1, 0.3, 0.6)]  # fmt: skip

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.shortcuts import render
 
 from lab.experiments.models import Sweep
 from lab.jobs.models import Worker
 from lab.jobs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
-from lab.runs.models import ACTIVE_STATUSES, Run, RunOrigin
+from lab.runs.demo import DEMO_PRIORITY, demo_experiment
+from lab.runs.models import ACTIVE_STATUSES, Run, RunOrigin, RunStatus
 from lab.runs.queue_order import in_queue_order
 
 QUEUE_PAGE_SIZE = 100
@@ -35,12 +36,17 @@ def queue_page(request):
     waiting_queues = set(
         Run.objects.filter(status="queued").values_list("queue", flat=True).distinct()
     )
-    sweeps_active = (
+    sweeps_active = list(
         Sweep.objects.filter(runs__status__in=ACTIVE_STATUSES, runs__origin=RunOrigin.LAB)
-        .annotate(active=Count("runs"))
+        .annotate(
+            active=Count("runs"),
+            paused=Count("runs", filter=Q(runs__paused=True, runs__status=RunStatus.QUEUED)),
+            training=Count("runs", filter=Q(runs__status=RunStatus.RUNNING)),
+        )
         .select_related("experiment")
         .order_by("pk")
     )
+    demo = demo_experiment()
     return render(
         request,
         "dashboard/queue.html",
@@ -49,6 +55,8 @@ def queue_page(request):
             "page": page,
             "unserved": [unserved_warning(q) for q in sorted(waiting_queues - served_queues())],
             "sweeps": sweeps_active,
+            "demo_sweeps": [sw for sw in sweeps_active if demo and sw.experiment_id == demo.pk],
+            "demo_priority": DEMO_PRIORITY,
         },
     )
 

@@ -38,10 +38,13 @@ class RegisteredModelSerializer(serializers.ModelSerializer):
             "active_params",
             "vocab_size",
             "model_fields",
+            "status",
+            "error",
             "description",
             "owner",
             "created_at",
         ]
+        read_only_fields = ["status", "error"]
 
 
 class RegisteredDatasetSerializer(serializers.ModelSerializer):

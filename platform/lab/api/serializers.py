@@ -182,6 +182,7 @@ class RunSerializer(serializers.ModelSerializer):
             "attempts",
             "max_attempts",
             "cancel_requested",
+            "paused",
             "created_at",
             "queued_at",
             "started_at",
@@ -195,6 +196,7 @@ class RunSerializer(serializers.ModelSerializer):
             "waiting_reason",
             "summary",
             "error",
+            "field_errors",
             "run_dir",
             "config",
         ]
@@ -219,7 +221,9 @@ class RunListSerializer(RunSerializer):
 
     class Meta(RunSerializer.Meta):
         fields = [
-            f for f in RunSerializer.Meta.fields if f not in ("config", "error", "waiting_reason")
+            f
+            for f in RunSerializer.Meta.fields
+            if f not in ("config", "error", "field_errors", "waiting_reason")
         ]
 
 

@@ -25,13 +25,13 @@ from lab.api import serializers as s
 from lab.api.assets import with_assets
 from lab.api.pagination import BoundedLimitOffsetPagination
 from lab.configs import resolve_config
-from lab.experiments.models import Experiment
+from lab.experiments.models import Experiment, Sweep
 from lab.experiments.services import create_experiment, set_shared_with
 from lab.inputs.query import CommaSeparated, Query, ascii_id, parse_query
 from lab.jobs.health import health
 from lab.jobs.models import Worker
 from lab.jobs.queries import queue_positions
-from lab.runs import comments, exports, lifecycle, sweeps
+from lab.runs import bulk, comments, exports, lifecycle, sweeps
 from lab.runs.dispatch import PublishFailed
 from lab.runs.metrics import read as metric_reads
 from lab.runs.metrics.read import MIN_POINTS
@@ -359,6 +359,27 @@ class SweepCreate(APIView):
             priority=data.get("priority"),
         )
         return Response(s.SweepSerializer(sweep).data, status=status.HTTP_201_CREATED)
+
+
+class SweepAction(APIView):
+    """Pause, resume or clear a sweep's unfinished runs (lab.runs.bulk; the queue
+    page's buttons): the ids done, left alone (finished or not yours), external."""
+
+    action = ""
+    SERVICES = {"pause": bulk.pause_sweep, "resume": bulk.resume_sweep, "clear": bulk.clear_sweep}
+
+    @extend_schema(request=None, responses=dict)
+    def post(self, request, pk: int):
+        outcome = self.SERVICES[self.action](get_object_or_404(Sweep, pk=pk), user=request.user)
+        return Response(
+            {
+                "sweep": pk,
+                "action": self.action,
+                "done": outcome.done,
+                "skipped": outcome.skipped,
+                "external": outcome.external,
+            }
+        )
 
 
 def _run_rows(runs, context: dict) -> list[dict]:

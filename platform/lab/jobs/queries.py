@@ -16,10 +16,12 @@ from lab.runs.queue_order import ahead_of, in_queue_order
 
 def queue_position(run: Run) -> int | None:
     """1-based place among the queued runs of the same queue, in the queue's order
-    (lab/runs/queue_order.py: priority, then age): the turn a worker gives it."""
-    if run.status != RunStatus.QUEUED:
+    (lab/runs/queue_order.py: priority, then age): the turn a worker gives it. None
+    for a run that is not queued or is paused (no worker claims it)."""
+    if run.status != RunStatus.QUEUED or run.paused:
         return None
-    ahead = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED).filter(ahead_of(run))
+    queued = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED, paused=False)
+    ahead = queued.filter(ahead_of(run))
     return ahead.count() + 1
 
 
@@ -30,10 +32,14 @@ def queue_positions(runs: Iterable[Run]) -> dict[int, int]:
     Reads the ids and queues of every queued run in the queues involved, in the
     queue's order, and numbers them as ``queue_position`` does.
     """
-    wanted = {run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED}
+    wanted = {
+        run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED and not run.paused
+    }
     if not wanted:
         return {}
-    queued = Run.objects.filter(status=RunStatus.QUEUED, queue__in=set(wanted.values()))
+    queued = Run.objects.filter(
+        status=RunStatus.QUEUED, paused=False, queue__in=set(wanted.values())
+    )
     rows = in_queue_order(queued, by_queue=True).values_list("pk", "queue")
     positions: dict[int, int] = {}
     queue, place = None, 0
@@ -63,7 +69,10 @@ def placement_text(run: Run) -> str:
     """Where the run stands, one line for the run page's header and its status poll:
     "position 2 in cpu · attempt 0/3", "queue cpu · worker w1 GPU 0 · attempt 1/3 · ETA 40 s"."""
     position = queue_position(run)
-    parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
+    if run.waits_paused:
+        parts = [f"paused in {run.queue} (resume its sweep to queue it again)"]
+    else:
+        parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
     gang = run.gang_members
     if run.nodes > 1 and gang and run.status == RunStatus.RUNNING:
         workers = ", ".join(m["worker"] for m in gang)
@@ -78,6 +87,8 @@ def placement_text(run: Run) -> str:
         parts.append(f"ETA {eta:.0f} s")
     if run.cancel_requested and run.status == RunStatus.RUNNING:
         parts.append("cancelling…")
+    elif run.paused and run.status == RunStatus.RUNNING:
+        parts.append("pausing… (stops at a checkpoint)")
     return " · ".join(parts)
 
 
@@ -101,6 +112,8 @@ def waiting_reason(run: Run) -> str | None:
     GPUs; the largest live worker on gpu-a100 has 4 GPUs"). None otherwise."""
     if run.status != RunStatus.QUEUED:
         return None
+    if run.paused:
+        return "paused with its sweep: no worker takes it until the sweep is resumed"
     workers = Worker.live_serving(run.queue, LIVE_WITHIN_S)
     if not workers:
         return unserved_warning(run.queue)

@@ -54,7 +54,7 @@ def claim_run(run_id: int, *, worker_host: str, gpu_index: str = "") -> Claim | 
     a cancel or a finished run got there first (the caller just returns)."""
     now = timezone.now()
     with transaction.atomic():
-        won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, paused=False).update(
             status=RunStatus.RUNNING,
             attempts=F("attempts") + 1,
             worker_host=worker_host,
@@ -89,7 +89,9 @@ def claim_next(
         with transaction.atomic():
             candidates = list(
                 Run.objects.select_for_update(skip_locked=True)
-                .filter(queue=queue, status=RunStatus.QUEUED, **_fits(max_ranks_per_node))
+                .filter(
+                    queue=queue, status=RunStatus.QUEUED, paused=False, **_fits(max_ranks_per_node)
+                )
                 .order_by(*QUEUE_ORDER)
                 .values_list("pk", "gpus")[:CLAIM_CANDIDATES]
             )
@@ -110,7 +112,7 @@ def _fits(max_ranks_per_node: int | None) -> dict[str, int]:
 def heartbeat(claim: Claim, current_step: int | None = None) -> bool:
     """Record liveness; returns False when this attempt no longer owns the run
     (requeued as stale, or already finished): the caller must stop its trainer.
-    Cancel requests are read separately by ``cancel_requested``."""
+    Cancel and pause requests are read separately by ``stop_requested``."""
     fields: dict[str, Any] = {"heartbeat_at": timezone.now()}
     if current_step is not None:
         fields["current_step"] = current_step
@@ -120,8 +122,14 @@ def heartbeat(claim: Claim, current_step: int | None = None) -> bool:
     return bool(owned)
 
 
-def cancel_requested(claim: Claim) -> bool:
-    return bool(Run.objects.filter(pk=claim.run_id, cancel_requested=True).exists())
+def stop_requested(claim: Claim) -> str:
+    """Why the run's trainer should stop now: "cancel" (the user cancelled it),
+    "pause" (its sweep was paused) or "" (neither)."""
+    flags = Run.objects.filter(pk=claim.run_id).values_list("cancel_requested", "paused").first()
+    if flags is None:
+        return ""
+    cancel, paused = flags
+    return "cancel" if cancel else "pause" if paused else ""
 
 
 def finish_run(
@@ -131,12 +139,15 @@ def finish_run(
     summary: dict[str, Any] | None,
     error: str = "",
     current_step: int | None = None,
+    field_errors: dict[str, list[str]] | None = None,
 ) -> bool:
-    """running -> final status, fenced by the attempt; False if this attempt lost the run."""
+    """running -> final status, fenced by the attempt; False if this attempt lost the run.
+    ``field_errors``: the config fields a run failed on ({path: [messages]})."""
     fields: dict[str, Any] = {
         "status": status,
         "summary": summary,
         "error": error[-20000:],
+        "field_errors": field_errors or {},
         "finished_at": timezone.now(),
         "heartbeat_at": timezone.now(),
     }
@@ -280,13 +291,14 @@ def republish_queued_runs(republish_after_s: float) -> list[ReconcileAction]:
     cutoff = timezone.now() - timedelta(seconds=republish_after_s)
     actions = []
     unpublished = Q(published_at__lt=cutoff) | Q(published_at__isnull=True)
+    # A paused run waits for its resume, which publishes its wake-up.
     queues = (
-        Run.objects.filter(unpublished, status=RunStatus.QUEUED)
+        Run.objects.filter(unpublished, status=RunStatus.QUEUED, paused=False)
         .values_list("queue", flat=True)
         .distinct()
     )
     for queue in sorted(set(queues)):
-        queued = Run.objects.filter(queue=queue, status=RunStatus.QUEUED)
+        queued = Run.objects.filter(queue=queue, status=RunStatus.QUEUED, paused=False)
         waiting = waiting_messages(queue)
         missing = queued.count() - waiting if waiting is not None else queued.count()
         if missing <= 0:

@@ -34,6 +34,7 @@ from trainer.reward_functions import ENV_VAR as REWARD_ENV_VAR
 from trainer.run_folder.files import (
     CONFIG_FILE,
     EXIT_CODE_FILE,
+    FIELD_ERRORS_FILE,
     LOG_FILE,
     SUMMARY_FILE,
     checkpoint_path,
@@ -91,6 +92,7 @@ def prepare(run: Run, sup: Supervision) -> tuple[Path, list[str]]:
     if not sup.member:
         (run_dir / SUMMARY_FILE).unlink(missing_ok=True)  # never read a previous attempt's
         (run_dir / EXIT_CODE_FILE).unlink(missing_ok=True)
+        (run_dir / FIELD_ERRORS_FILE).unlink(missing_ok=True)
     sup.lease = lease_file(run_dir, sup.claim.attempt)
     renew_lease(sup.lease)
     cmd = trainer_command(
