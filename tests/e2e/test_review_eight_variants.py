@@ -1,7 +1,7 @@
 """The stability review, the experiment page and the run page at eight variants, in
 a real browser: every chart follows the layout rule (dashboard/charts/layout.py):
 nothing overlaps, no axis runs past its data's or its quantity's bounds. The study
-is synthetic (tests/eight_variants.py); its screenshots in docs/screenshots/ say so
+is synthetic (bench/review_study.py); its screenshots in docs/screenshots/ say so
 on their face."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from browser_harness import ceiling_s, layout_problems, wait_all_charts_drawn
 from django.contrib.auth import get_user_model
-from eight_variants import VARIANTS, make_study
 
+from bench.review_study import VARIANTS, make_study
 from dashboard.charts.layout import LEGEND_ROW_PX, MAX_LEGEND_ROWS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(ceiling_s(300))]

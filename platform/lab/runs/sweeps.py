@@ -26,7 +26,13 @@ from trainer.studies.definition import StudyDefinition, check_overrides
 def expand_grid(
     grid: Mapping[str, Sequence[Any]], seeds: Sequence[int]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(variant label, overrides) for every combination of grid values x seeds."""
+    """(variant label, overrides) for every combination of grid values x seeds.
+
+    A label names only the fields that vary over the grid (more than one value),
+    by their dotted paths (``rollout.router_noise=0.2, stabilizers.replay.mode=r3``):
+    a field given one value is the same in every variant and says nothing about
+    which one a run is; a leaf name alone (``mode``) is ambiguous across sections.
+    """
     if not isinstance(grid, Mapping):
         raise FieldError([("grid", "the grid must map field paths to lists of values")])
     errors = []
@@ -46,9 +52,11 @@ def expand_grid(
         count *= len(values)
     check_sweep_size(count)
     combos = list(itertools.product(*(grid[p] for p in paths)))
+    varied = [p for p in paths if len({repr(v) for v in grid[p]}) > 1]
     out = []
     for combo in combos:
-        label = ", ".join(f"{p.split('.')[-1]}={v}" for p, v in zip(paths, combo, strict=True))
+        chosen = dict(zip(paths, combo, strict=True))
+        label = ", ".join(f"{p}={chosen[p]}" for p in varied)
         for seed in seeds:
             overrides = dict(zip(paths, combo, strict=True))
             overrides["run.seed"] = seed

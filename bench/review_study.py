@@ -2,14 +2,16 @@
 case (many variants, two seeds for most, a routing-gap dose, collapses only at the
 largest gaps, runs of ``STEPS`` steps that never collapsed).
 
-Shared by the browser tests of the review and the run page at eight variants
-(tests/e2e/test_review_eight_variants.py) and the review's timing benchmark
-(bench/bench_review.py). Synthetic: the metrics are smooth curves, not training.
+Shared by the review's timing benchmark (bench/bench_review.py) and the browser
+tests of the review and the run page at eight variants
+(tests/e2e/test_review_eight_variants.py). Synthetic: the metrics are smooth
+curves, not training.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from lab.experiments.services import create_experiment
@@ -59,14 +61,16 @@ def collapse_step(sigma: float, r3: bool, seed: int) -> int | None:
     return 25 + 8 * seed if sigma >= 0.4 else 40 + 6 * seed
 
 
-def record(step: int, *, seed: int, sigma: float, moe: bool, collapse_at: int | None) -> dict:
+def record(
+    step: int, *, seed: int, sigma: float, moe: bool, collapse_at: int | None, steps: int = STEPS
+) -> dict:
     """One metrics.jsonl line: smooth curves with a per-seed wobble; before a
     collapse the mismatch grows and accuracy falls."""
     wobble = 0.02 * math.sin(step / 5 + seed)
     ramp = 0.0
     if collapse_at is not None and step >= collapse_at - 10:
         ramp = min(1.0, (step - collapse_at + 10) / 10)
-    accuracy = min(0.95, 0.3 + 0.5 * step / STEPS + wobble) * (1 - 0.8 * ramp)
+    accuracy = min(0.95, 0.3 + 0.5 * step / steps + wobble) * (1 - 0.8 * ramp)
     kl = 1e-3 * (1 + 10 * sigma) * (1 + 0.3 * math.sin(step / 7 + seed)) + 0.02 * ramp
     rec = {
         "step": step,
@@ -94,32 +98,43 @@ def record(step: int, *, seed: int, sigma: float, moe: bool, collapse_at: int | 
     return rec
 
 
-def make_study(owner, name: str = "router noise sweep, eight variants") -> dict[str, Any]:
-    """The experiment and its runs, finished: ``{"experiment", "runs": {variant: [Run]}}``."""
+def make_study(
+    owner,
+    name: str = "router noise sweep, eight variants",
+    *,
+    variants: Sequence[tuple[str, str, dict[str, Any], int]] = VARIANTS,
+    seeds: int | None = None,
+    steps: int = STEPS,
+) -> dict[str, Any]:
+    """The experiment and its runs, finished: ``{"experiment", "runs": {variant: [Run]}}``;
+    ``seeds`` overrides every variant's seed count, ``steps`` the steps each run ran."""
     experiment = create_experiment(owner=owner, name=name, preset="moe-grpo", tags=["dose"])
     runs: dict[str, list[Run]] = {}
-    for label, preset, overrides, seeds in VARIANTS:
+    for label, preset, overrides, variant_seeds in variants:
         sigma = float(overrides.get("rollout.router_noise", 0.0))
         r3, moe = preset.endswith("r3"), preset != "dense-grpo"
-        for seed in range(seeds):
+        for seed in range(seeds or variant_seeds):
             run = lifecycle.submit_run(
                 owner=owner,
                 experiment=experiment,
                 preset=preset,
                 variant=label,
-                overrides={**overrides, "run.seed": seed, "run.steps": STEPS},
+                overrides={**overrides, "run.seed": seed, "run.steps": steps},
             )
             at = collapse_step(sigma, r3, seed)
             ingest_metrics(
                 run.pk,
-                [record(s, seed=seed, sigma=sigma, moe=moe, collapse_at=at) for s in range(STEPS)],
+                [
+                    record(s, seed=seed, sigma=sigma, moe=moe, collapse_at=at, steps=steps)
+                    for s in range(steps)
+                ],
             )
-            # summary.json's "steps" counts the steps run (0 .. STEPS - 1)
-            summary: dict[str, Any] = {"status": "succeeded", "steps": STEPS, "collapsed": False}
+            # summary.json's "steps" counts the steps run (0 .. steps - 1)
+            summary: dict[str, Any] = {"status": "succeeded", "steps": steps, "collapsed": False}
             if at is not None:
                 summary |= {"collapsed": True, "collapse_step": at, "collapse_reason": "fell"}
             Run.objects.filter(pk=run.pk).update(
-                status=RunStatus.SUCCEEDED, summary=summary, current_step=STEPS
+                status=RunStatus.SUCCEEDED, summary=summary, current_step=steps
             )
             seal_metrics(run.pk)
             runs.setdefault(label, []).append(Run.objects.get(pk=run.pk))
