@@ -90,12 +90,16 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != nodes * gpus:
-        raise FieldError([(
-            "run.nodes",
-            f"{nodes} nodes x {gpus} ranks need torchrun --nnodes={nodes} "
-            f"--nproc_per_node={gpus} on every host (this process sees WORLD_SIZE={world}); "
-            "submit it to the platform's queue, which gang-schedules it, or set run.nodes=1",
-        )])  # fmt: skip
+        raise FieldError(
+            [
+                (
+                    "run.nodes",
+                    f"{nodes} nodes x {gpus} ranks need torchrun --nnodes={nodes} "
+                    f"--nproc_per_node={gpus} on every host (this process sees WORLD_SIZE={world}); "
+                    "submit it to the platform's queue, which gang-schedules it, or set run.nodes=1",
+                )
+            ]
+        )
 
 
 def _precision_list(text: str) -> list[str]:
@@ -182,14 +186,18 @@ def _parser() -> argparse.ArgumentParser:
         help="folder of exported bases to import (OUT/bases of a study)",
     )
     study.add_argument(
-        "--mps", choices=("auto", "on", "off"), default="auto",
+        "--mps",
+        choices=("auto", "on", "off"),
+        default="auto",
         help="CUDA MPS for runs packed on a GPU (auto: when several share one and the host has it)",
-    )  # fmt: skip
+    )
     study.add_argument("--dry", action="store_true", help="print the plan only: how many runs fit")
     study.add_argument(
-        "--rows", nargs="?", const="trainer/studies/measured/step_times.json",
+        "--rows",
+        nargs="?",
+        const="trainer/studies/measured/step_times.json",
         help="merge the measured rows of the --out folder into this rows file and stop",
-    )  # fmt: skip
+    )
     study.add_argument(
         "--device", help="the device kind the plan is for (e.g. 'NVIDIA H200'; default: this one)"
     )
@@ -359,11 +367,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.studies.study import run_study_cli
 
             return run_study_cli(
-                args.definition, Path(args.out), args.overrides, args.variants, args.seeds,
-                budget_s=args.budget_s, mps=args.mps, dry=args.dry, device=args.device,
+                args.definition,
+                Path(args.out),
+                args.overrides,
+                args.variants,
+                args.seeds,
+                budget_s=args.budget_s,
+                mps=args.mps,
+                dry=args.dry,
+                device=args.device,
                 rows=args.rows,
                 bases_dir=Path(args.bases_dir) if args.bases_dir else None,
-            )  # fmt: skip
+            )
     except FieldError as exc:
         print("invalid config:", file=sys.stderr)
         for path, msg in exc.errors:

@@ -109,9 +109,12 @@ SWEEP_ACTIONS = {
     "cancel": (bulk.cancel_sweep, "cancelled", ""),
     "pause": (bulk.pause_sweep, "paused", " Finished runs are kept; Resume queues the rest again."),
     "resume": (bulk.resume_sweep, "queued again", ""),
-    "clear": (bulk.clear_sweep, "cleared",
-              " Waiting runs were deleted, a training one stops; finished runs are kept."),
-}  # fmt: skip
+    "clear": (
+        bulk.clear_sweep,
+        "cleared",
+        " Waiting runs were deleted, a training one stops; finished runs are kept.",
+    ),
+}
 
 
 @login_required

@@ -69,9 +69,14 @@ def experiment_list(request):
     return render(
         request,
         "dashboard/experiment_list.html",
-        {"experiments": page.object_list, "page": page, "presets": list_presets(),
-         "errors": errors, "form": request.POST},
-    )  # fmt: skip
+        {
+            "experiments": page.object_list,
+            "page": page,
+            "presets": list_presets(),
+            "errors": errors,
+            "form": request.POST,
+        },
+    )
 
 
 def _initial_config(request, experiment: Experiment) -> tuple[dict[str, Any], str, Run | None]:

@@ -12,6 +12,7 @@ from lab.jobs.models import Worker
 from lab.jobs.queries import eta_seconds, queue_positions, served_queues, unserved_warning
 from lab.runs.demo import DEMO_PRIORITY, demo_experiment
 from lab.runs.models import ACTIVE_STATUSES, Run, RunOrigin, RunStatus
+from lab.runs.queue_order import in_queue_order
 
 QUEUE_PAGE_SIZE = 100
 
@@ -21,10 +22,11 @@ def queue_page(request):
     """Queued and running runs in queue order, a page at a time; the same few
     queries at any queue length (positions: one query for the page). External
     runs (trained elsewhere, logged here) hold no place in the lab's queues."""
-    active = (
-        Run.objects.filter(status__in=ACTIVE_STATUSES, origin=RunOrigin.LAB)
-        .select_related("owner", "experiment")
-        .order_by("queue", "-priority", "created_at", "pk")
+    active = in_queue_order(
+        Run.objects.filter(status__in=ACTIVE_STATUSES, origin=RunOrigin.LAB).select_related(
+            "owner", "experiment"
+        ),
+        by_queue=True,
     )
     page = Paginator(active, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
     positions = queue_positions(page.object_list)

@@ -102,10 +102,15 @@ def sweep_new(request, pk: int):
             planned = sweeps.preview_sweep(base, grid, seeds)
             if data.get("action") == "create":
                 sweep = sweeps.create_sweep(
-                    owner=request.user, experiment=experiment, base_config=base, grid=grid,
-                    seeds=seeds, queue=data.get("queue"), name=data.get("name", ""),
+                    owner=request.user,
+                    experiment=experiment,
+                    base_config=base,
+                    grid=grid,
+                    seeds=seeds,
+                    queue=data.get("queue"),
+                    name=data.get("name", ""),
                     priority=priority,
-                )  # fmt: skip
+                )
                 messages.success(
                     request, f"Sweep queued: {sweep.runs.count()} runs at priority {priority}."
                 )
@@ -120,7 +125,15 @@ def sweep_new(request, pk: int):
     return render(
         request,
         "dashboard/sweep_new.html",
-        {"experiment": experiment, "paths": paths, "rows": rows + [("", "")] * blank,
-         "preview": preview, "errors": errors, "presets": list_presets(),
-         "queues": settings.LAB_QUEUES, "data": data, "priority": priority_text},
-    )  # fmt: skip
+        {
+            "experiment": experiment,
+            "paths": paths,
+            "rows": rows + [("", "")] * blank,
+            "preview": preview,
+            "errors": errors,
+            "presets": list_presets(),
+            "queues": settings.LAB_QUEUES,
+            "data": data,
+            "priority": priority_text,
+        },
+    )

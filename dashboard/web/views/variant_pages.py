@@ -111,8 +111,13 @@ def _sweep_progress(runs: list[Run]) -> dict[str, int]:
     stopped = sum(r.status in STOPPED_STATUSES for r in runs)
     active = sum(r.is_active for r in runs)
     paused = sum(r.waits_paused for r in runs)
-    return {"total": len(runs), "active": active, "stopped": stopped, "paused": paused,
-            "finished": len(runs) - active - stopped}  # fmt: skip
+    return {
+        "total": len(runs),
+        "active": active,
+        "stopped": stopped,
+        "paused": paused,
+        "finished": len(runs) - active - stopped,
+    }
 
 
 @page_params

@@ -36,6 +36,7 @@ from lab.runs.dispatch import PublishFailed
 from lab.runs.metrics import read as metric_reads
 from lab.runs.metrics.read import MIN_POINTS
 from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
+from lab.runs.queue_order import in_queue_order
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
 
@@ -187,11 +188,13 @@ class RunList(generics.ListAPIView):
         responses={201: s.RunSerializer, 200: s.RunSerializer},
         parameters=[
             OpenApiParameter(
-                "Idempotency-Key", str, OpenApiParameter.HEADER,
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
                 description="a retry with the same key returns the same run (200)",
             )
         ],
-    )  # fmt: skip
+    )
     def post(self, request):
         """Submit a run. ``Idempotency-Key`` (header): a retry with the key returns
         the run the first request stored (200), never a second one. A broker that
@@ -235,9 +238,11 @@ def _same_submission(earlier: Run, data: dict[str, Any]) -> bool:
     of the same request always does; another request under the key does not)."""
     experiment = data["experiment"]
     cfg = resolve_config(
-        data.get("config"), data.get("preset"), data.get("overrides"),
+        data.get("config"),
+        data.get("preset"),
+        data.get("overrides"),
         base=experiment.base_config or None,
-    )  # fmt: skip
+    )
     config = json.loads(json.dumps(cfg.to_dict()))  # as the JSON field stores it
     return (
         earlier.experiment_id == experiment.pk
@@ -367,9 +372,14 @@ class SweepAction(APIView):
     def post(self, request, pk: int):
         outcome = self.SERVICES[self.action](get_object_or_404(Sweep, pk=pk), user=request.user)
         return Response(
-            {"sweep": pk, "action": self.action, "done": outcome.done,
-             "skipped": outcome.skipped, "external": outcome.external}
-        )  # fmt: skip
+            {
+                "sweep": pk,
+                "action": self.action,
+                "done": outcome.done,
+                "skipped": outcome.skipped,
+                "external": outcome.external,
+            }
+        )
 
 
 def _run_rows(runs, context: dict) -> list[dict]:
@@ -386,10 +396,8 @@ def _run_rows(runs, context: dict) -> list[dict]:
 def queue_view(request):
     """Queued and running runs in queue order (queue, priority, age), paginated
     like every list: ``{"queues", "count", "next", "previous", "runs"}``."""
-    active = (
-        Run.objects.filter(status__in=ACTIVE_STATUSES)
-        .select_related("owner")
-        .order_by("queue", "-priority", "created_at", "pk")
+    active = in_queue_order(
+        Run.objects.filter(status__in=ACTIVE_STATUSES).select_related("owner"), by_queue=True
     )
     paginator = BoundedLimitOffsetPagination()
     page = paginator.paginate_queryset(active, request)

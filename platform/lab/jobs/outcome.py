@@ -178,9 +178,12 @@ def retry_later(claim: job_services.Claim, sup: Supervision, reason: str, log_pa
     if claim.attempt >= run.max_attempts:
         error = f"{reason}, {claim.attempt} times\n{log_tail(log_path)}"
         job_services.finish_run(
-            claim, status=RunStatus.FAILED, summary=None, error=error,
+            claim,
+            status=RunStatus.FAILED,
+            summary=None,
+            error=error,
             current_step=sup.steps_done,
-        )  # fmt: skip
+        )
         return RunStatus.FAILED
     job_services.requeue_attempt(
         claim, error=f"attempt {claim.attempt}: {reason}; requeued", current_step=sup.steps_done

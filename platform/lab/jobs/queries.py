@@ -6,22 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Q
 from django.utils import timezone
 
 from lab.jobs.health import LIVE_WITHIN_S
 from lab.jobs.models import Worker
 from lab.runs.models import Run, RunStatus
+from lab.runs.queue_order import ahead_of, in_queue_order
 
 
 def queue_position(run: Run) -> int | None:
-    """1-based place among the queued runs of the same queue (priority, then age);
-    None for a run that is not queued or is paused (no worker claims it)."""
+    """1-based place among the queued runs of the same queue, in the queue's order
+    (lab/runs/queue_order.py: priority, then age): the turn a worker gives it. None
+    for a run that is not queued or is paused (no worker claims it)."""
     if run.status != RunStatus.QUEUED or run.paused:
         return None
-    ahead = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED, paused=False).filter(
-        Q(priority__gt=run.priority) | Q(priority=run.priority, created_at__lt=run.created_at)
-    )
+    queued = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED, paused=False)
+    ahead = queued.filter(ahead_of(run))
     return ahead.count() + 1
 
 
@@ -29,28 +29,24 @@ def queue_positions(runs: Iterable[Run]) -> dict[int, int]:
     """``{run id: queue_position(run)}`` for the queued runs among ``runs``, in ONE
     query whatever their number (a list page must not ask once per row).
 
-    Reads (id, queue, priority, created_at) of every queued run in the queues
-    involved, in queue order, and ranks them as ``queue_position`` does: runs
-    with the same priority and creation time share a place (SQL's RANK()).
+    Reads the ids and queues of every queued run in the queues involved, in the
+    queue's order, and numbers them as ``queue_position`` does.
     """
     wanted = {
         run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED and not run.paused
     }
     if not wanted:
         return {}
-    rows = (
-        Run.objects.filter(status=RunStatus.QUEUED, paused=False, queue__in=set(wanted.values()))
-        .order_by("queue", "-priority", "created_at")
-        .values_list("pk", "queue", "priority", "created_at")
+    queued = Run.objects.filter(
+        status=RunStatus.QUEUED, paused=False, queue__in=set(wanted.values())
     )
+    rows = in_queue_order(queued, by_queue=True).values_list("pk", "queue")
     positions: dict[int, int] = {}
-    queue, index, previous, place = None, 0, None, 0
-    for pk, row_queue, priority, created_at in rows.iterator(chunk_size=2000):
+    queue, place = None, 0
+    for pk, row_queue in rows.iterator(chunk_size=2000):
         if row_queue != queue:
-            queue, index, previous = row_queue, 0, None
-        index += 1
-        if (priority, created_at) != previous:
-            place, previous = index, (priority, created_at)
+            queue, place = row_queue, 0
+        place += 1
         if pk in wanted:
             positions[pk] = place
     return positions
@@ -121,15 +117,15 @@ def waiting_reason(run: Run) -> str | None:
     workers = Worker.live_serving(run.queue, LIVE_WITHIN_S)
     if not workers:
         return unserved_warning(run.queue)
-    largest = max(workers, key=lambda w: w.ranks)
+    largest = max(workers, key=lambda w: w.ranks_per_node)
     unit = "GPU" if largest.gpus else "rank"
     need = f"{run.gpus} {unit}" + ("s" if run.gpus != 1 else "")
-    if largest.ranks < run.gpus:
+    if largest.ranks_per_node < run.gpus:
         return (
             f"needs {need}; the largest live worker on {run.queue} has "
             f"{largest.capacity_text()}: it waits until a worker that owns {run.gpus} starts"
         )
-    fitting = sum(1 for w in workers if w.ranks >= run.gpus)
+    fitting = sum(1 for w in workers if w.ranks_per_node >= run.gpus)
     if fitting < run.nodes:
         return (
             f"needs {run.nodes} workers with {need} each at once; {fitting} live worker"

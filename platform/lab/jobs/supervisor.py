@@ -48,12 +48,15 @@ def claim_for_wake_up(run_id: int, *, worker_host: str) -> job_services.Claim | 
         log.info("run %s: no such run (deleted); skipping", run_id)
         return None
     owns = capacity.this_worker()
-    joined = gang.join(queue, worker_host=worker_host, max_ranks=owns.ranks)
+    joined = gang.join(queue, worker_host=worker_host, max_ranks_per_node=owns.ranks_per_node)
     if joined is not None:
         log.info("wake-up for run %s: joined run %s attempt %s as node %s", run_id, *joined)
         return job_services.Claim(*joined)
     claim = job_services.claim_next(
-        queue, worker_host=worker_host, gpu_index=",".join(owns.devices), max_ranks=owns.ranks
+        queue,
+        worker_host=worker_host,
+        gpu_index=",".join(owns.devices),
+        max_ranks_per_node=owns.ranks_per_node,
     )
     is_gang = claim is not None and Run.objects.filter(pk=claim.run_id, nodes__gt=1).exists()
     if is_gang and not gang.lead(claim.run_id, claim.attempt, worker_host):
@@ -177,8 +180,12 @@ def _record(run: Run, sup: Supervision, returncode: int, log_path: Path) -> str:
         outcome.config_field_errors(sup.run_dir, returncode) if status == RunStatus.FAILED else None
     )
     job_services.finish_run(
-        claim, status=status, summary=summary, error=error, current_step=sup.steps_done,
+        claim,
+        status=status,
+        summary=summary,
+        error=error,
+        current_step=sup.steps_done,
         field_errors=field_errors,
-    )  # fmt: skip
+    )
     log.info("run %s attempt %s: %s (exit %s)", *ids(claim), status, returncode)
     return status

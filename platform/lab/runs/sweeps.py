@@ -106,9 +106,14 @@ def create_sweep(
     )
     for label, cfg in planned:
         create_run(
-            owner=owner, experiment=experiment, config=cfg, queue=queue, priority=priority,
-            variant=label, sweep=sweep,
-        )  # fmt: skip
+            owner=owner,
+            experiment=experiment,
+            config=cfg,
+            queue=queue,
+            priority=priority,
+            variant=label,
+            sweep=sweep,
+        )
     return sweep
 
 
