@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser_harness import ceiling_ms, ceiling_s, open_form_field
+from browser_harness import ceiling_ms, ceiling_s, log_in_as_the_demo_user, open_form_field
 from lab_processes import LabStack
 from playwright.sync_api import Page, expect
 
@@ -54,14 +54,6 @@ def lab(tmp_path):
         stack.close()
 
 
-def _log_in_as_the_demo_user(page: Page, lab) -> None:
-    page.goto(f"{lab.url}/")
-    page.get_by_label("Username").fill("demo")
-    page.get_by_label("Password").fill(lab.demo_password)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Experiments")).to_be_visible()
-
-
 def _queue_my_first_run(page: Page, lab) -> int:
     page.get_by_label("Name").first.fill("my first question")
     page.get_by_role("button", name="Create", exact=True).click()
@@ -81,7 +73,7 @@ def test_a_users_run_starts_before_the_queued_demo(lab, guard, screenshots):
     assert {r["priority"] for r in demo} == {0}
 
     page = guard.new_page()
-    _log_in_as_the_demo_user(page, lab)
+    log_in_as_the_demo_user(page, lab)
     page.get_by_role("link", name="Queue", exact=True).click()
     box = page.locator("#demo-queue")
     expect(box).to_contain_text("12 unfinished")
