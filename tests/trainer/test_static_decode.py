@@ -32,12 +32,14 @@ def _engines(precision: str, backend: str = "auto", **model):
 
 def _prefill(engine, prompts, mask):
     total = P + NEW
-    engine._static_cache(B, total)
-    if engine.pos_emb is None:
-        engine._rope_table(total)
+    engine.forward_pass.static_cache(B, total)
+    if engine.weights.pos_emb is None:
+        engine.forward_pass.rope_table(total)
     zero_cache(engine)
     routing = engine._routing_buffer(B, total)
-    engine._forward(prompts, mask.long().cumsum(-1).sub(1).clamp(min=0), mask, 0, routing[:, :, :P])
+    engine.forward_pass.forward(
+        prompts, mask.long().cumsum(-1).sub(1).clamp(min=0), mask, 0, routing[:, :, :P]
+    )
     n_real, key_bias = engine._decode_state(mask, total)
     return routing, n_real, key_bias
 
@@ -54,7 +56,7 @@ def _decode_both(precision: str, step_fn=None, backend: str = "auto", **model):
         feed = torch.randint(3, VOCAB, (NEW, B), generator=torch.Generator().manual_seed(2))
         for step in range(NEW - 1):
             col = P + step
-            a = dynamic._decode(
+            a = dynamic.forward_pass.decode(
                 feed[step], n_dyn, col, bias_dyn[:, None, None, : col + 1], r_dyn[:, :, col]
             )
             col_t = torch.tensor([col])
@@ -66,7 +68,10 @@ def _decode_both(precision: str, step_fn=None, backend: str = "auto", **model):
             n_sta += 1
             out.append((a.clone(), b.clone()))
         end = P + NEW - 1
-        caches = (dynamic._cache[0][..., :end, :], static._cache[0][..., :end, :])
+        caches = (
+            dynamic.forward_pass.cache[0][..., :end, :],
+            static.forward_pass.cache[0][..., :end, :],
+        )
     return out, (r_dyn[:, :, :end], r_sta[:, :, :end]), caches
 
 
@@ -223,8 +228,19 @@ def test_a_compiled_step_marks_the_engines_tensors_static(monkeypatch):
     mask = torch.ones_like(prompts, dtype=torch.bool)
     first = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)
     kept = engine._kept_routing
-    weights = [engine.tok_emb, engine.lm_head, engine.layers[0].attn_norm, engine.layers[0].router]
-    for t in (*weights, *engine._cache, kept, engine._rope, engine._slots):
+    weights = [
+        engine.weights.tok_emb,
+        engine.weights.lm_head,
+        engine.layers[0].attn_norm,
+        engine.layers[0].router,
+    ]
+    for t in (
+        *weights,
+        *engine.forward_pass.cache,
+        kept,
+        engine.forward_pass.rope,
+        engine.forward_pass.moe.slots,
+    ):
         assert getattr(t, "_dynamo_static_input_type", None) == "unguarded"
     second = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)
     assert engine._kept_routing is kept  # one buffer, one address, rollout after rollout

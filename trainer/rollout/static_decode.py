@@ -1,6 +1,6 @@
 """A decode step of fixed shapes, for ``torch.compile`` and CUDA graphs.
 
-The engine's ``_decode`` (trainer/rollout/forward.py) reads the KV cache up to
+The engine's ``EngineForward.decode`` (trainer/rollout/forward.py) reads the KV cache up to
 column ``col`` and writes the new key and value at a Python-int column: the
 slice grows by one column per token, so a compiled step would recompile and a
 captured CUDA graph (which replays fixed shapes and fixed addresses) could not
@@ -13,10 +13,10 @@ width S:
   so their softmax weight is exactly 0 (exp(-inf) = 0) and they add exactly 0
   to the weighted sum of values, provided the cache holds finite numbers
   there (0 x NaN is NaN): ``zero_cache`` fills it once per rollout;
-* sliding windows mask in-graph (columns <= col - window), as ``_decode``
+* sliding windows mask in-graph (columns <= col - window), as ``decode``
   masks by slicing.
 
-The layers are the engine's own decode loop (``EngineForward._decode_layers``);
+The layers are the engine's own decode loop (``EngineForward.decode_layers``);
 only the cache access differs. A GEMM over more columns may block its sums
 differently, so logits agree to float rounding, not bit for
 bit (tests/trainer/test_static_decode.py bounds it). Compiled-vs-eager timings
@@ -40,7 +40,7 @@ DecodeStep = Callable[
 
 def zero_cache(engine: RolloutEngine) -> None:
     """Make every cache column finite (zeros) before a static-width decode reads it."""
-    keys, values = engine._cache
+    keys, values = engine.forward_pass.cache
     keys.zero_()
     values.zero_()
 
@@ -61,7 +61,7 @@ def decode_static(
     columns after ``col`` are masked here); routing_out: (L_moe, B, S, k) buffer
     for the natural top-k (column ``col`` written), or None.
     """
-    keys, values = engine._cache  # (L, B, Hkv, S, hd)
+    keys, values = engine.forward_pass.cache  # (L, B, Hkv, S, hd)
     columns = torch.arange(keys.shape[3], device=token.device)
     bias = key_bias.masked_fill(columns > col, float("-inf"))[:, None, None, :]  # (B,1,1,S)
     slide_bias = None
@@ -78,7 +78,7 @@ def decode_static(
     def store_routing(moe_i: int, top: torch.Tensor) -> None:
         routing_out[moe_i].index_copy_(1, col, top[:, None].to(routing_out.dtype))
 
-    return engine._decode_layers(
+    return engine.forward_pass.decode_layers(
         token, position, kv, None if routing_out is None else store_routing
     )
 
@@ -117,9 +117,10 @@ def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeSte
         # create inside the graph on its first call (a second graph on the next):
         # made here, outside it, once per batch size.
         rows = token.shape[0] * engine.cfg.top_k
-        if engine.cfg.is_moe and (engine._slots is None or engine._slots.numel() < rows):
-            engine._slots = torch.arange(rows, device=token.device)
-        buffers = (*engine._cache, routing_out, engine._rope, engine._slots)
+        fwd, moe = engine.forward_pass, engine.forward_pass.moe
+        if engine.cfg.is_moe and (moe.slots is None or moe.slots.numel() < rows):
+            moe.slots = torch.arange(rows, device=token.device)
+        buffers = (*fwd.cache, routing_out, fwd.rope, moe.slots)
         if {id(b) for b in buffers} - marked:  # new buffers: a new batch size or length
             mark_static([*engine_tensors(engine), routing_out])
             marked.update(id(b) for b in buffers)
@@ -147,9 +148,9 @@ def mark_static(tensors: Iterable[torch.Tensor | None]) -> None:
 
 
 def engine_tensors(engine: RolloutEngine) -> Iterator[torch.Tensor]:
-    """Every tensor held by the engine (weights in whatever container its precision
-    stores them, embeddings, the head, rope frequencies), found by walking its
-    attributes and those of the trainer's own objects it holds."""
+    """Every tensor held by the engine and its parts (weights in whatever container
+    its precision stores them, embeddings, the head, rope frequencies, the cache),
+    found by walking its attributes and those of the trainer's own objects it holds."""
     seen: set[int] = set()
 
     def walk(value: object, depth: int) -> Iterator[torch.Tensor]:
@@ -166,4 +167,4 @@ def engine_tensors(engine: RolloutEngine) -> Iterator[torch.Tensor]:
             for item in vars(value).values():
                 yield from walk(item, depth - 1)
 
-    yield from walk(engine, 5)
+    yield from walk(engine, 6)

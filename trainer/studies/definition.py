@@ -162,10 +162,15 @@ def _seed_fields(value: Any) -> list[str]:
     return list(value)
 
 
+def builtin_dict(name: str) -> dict[str, Any]:
+    """A built-in study's definition (``BUILTIN_STUDIES``) as the JSON object it is stored as."""
+    return json.loads(resources.files("trainer.studies").joinpath(f"{name}.json").read_text())
+
+
 def load_definition(ref: str) -> StudyDefinition:
     """A path to STUDY.json, or a built-in name (``BUILTIN_STUDIES``)."""
     if ref in BUILTIN_STUDIES:
-        text = resources.files("trainer.studies").joinpath(f"{ref}.json").read_text()
+        return StudyDefinition.from_dict(builtin_dict(ref))
     else:
         path = Path(ref)
         if not path.exists():
@@ -205,8 +210,11 @@ def check_overrides(study: StudyDefinition, overrides: list[str]) -> None:
     a MoE): refuse it, naming the variants, and say where it belongs."""
     paths = {item.split("=", 1)[0].strip() for item in overrides}
     for path in sorted(paths):
-        owners = [v.name for v in study.variants
-                  if any(o.split("=", 1)[0].strip() == path for o in v.overrides)]  # fmt: skip
+        owners = [
+            v.name
+            for v in study.variants
+            if any(o.split("=", 1)[0].strip() == path for o in v.overrides)
+        ]
         if owners:
             message = (
                 f"the variants {', '.join(owners)} set {path} themselves; "

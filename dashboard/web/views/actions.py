@@ -1,0 +1,152 @@
+"""A run's and a sweep's actions (POST only, CSRF-protected): cancel, delete,
+requeue, export; a sweep's cancel, pause, resume and clear; and the bulk cancel /
+requeue of ticked runs. Each lives under
+its object's URL (``/runs/<id>/cancel``) and goes back to its page; the writes
+are the platform's services (lab.runs.lifecycle, bulk, exports).
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from lab.experiments.models import Sweep
+from lab.experiments.rights import NotAllowed
+from lab.jobs.queries import unserved_warning
+from lab.runs import bulk, exports, lifecycle
+from lab.runs.models import Run
+from trainer.errors import FieldError
+
+RUN_PAGE = "dashboard:run"
+EXPERIMENT_PAGE = "dashboard:experiment"
+
+
+@login_required
+@require_POST
+def run_cancel(request, pk: int):
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        lifecycle.cancel_run(run, user=request.user)
+    except lifecycle.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
+    except lifecycle.InvalidState as exc:
+        messages.error(request, str(exc))
+        return redirect(RUN_PAGE, pk)
+    messages.info(request, f"Cancel requested for run {pk}.")
+    return redirect(RUN_PAGE, pk)
+
+
+@login_required
+@require_POST
+def run_export(request, pk: int):
+    """Queue a Hugging Face export of a finished run's checkpoint (runs/exports.py)."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        export = exports.request_export(
+            run, user=request.user, dtype=request.POST.get("dtype", "float32")
+        )
+    except NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
+    except FieldError as exc:
+        messages.error(request, str(exc))
+        return redirect(RUN_PAGE, pk)
+    messages.info(request, f"Export of step {export.step} ({export.status}): {export.out_dir}")
+    return redirect(RUN_PAGE, pk)
+
+
+@login_required
+@require_POST
+def run_requeue(request, pk: int):
+    """Put a failed or cancelled run back in its queue (it resumes from its checkpoint)."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        bulk.requeue_run(run, user=request.user)
+    except lifecycle.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
+    except lifecycle.InvalidState as exc:
+        messages.error(request, str(exc))
+        return redirect(RUN_PAGE, pk)
+    messages.info(request, f"Run {pk} is back in the queue {run.queue}.")
+    warn_if_unserved(request, run.queue)
+    return redirect(RUN_PAGE, pk)
+
+
+def _selected_run_ids(request: HttpRequest) -> list[int]:
+    """The ticked run ids of a bulk form (non-numbers are ignored: nothing to act on)."""
+    return [int(v) for v in request.POST.getlist("runs") if v.isascii() and v.isdigit()]
+
+
+def _back(request: HttpRequest, default: str):
+    """Redirect to the page the bulk form was on (same-site paths only)."""
+    target = request.POST.get("next", "")
+    return redirect(target if target.startswith("/") and not target.startswith("//") else default)
+
+
+@login_required
+@require_POST
+def runs_bulk(request):
+    """Cancel or requeue the runs ticked on a list; runs that are finished (for a
+    cancel), not finished (for a requeue) or not the user's are left alone."""
+    action = request.POST.get("action")
+    ids = _selected_run_ids(request)
+    if not ids:
+        messages.error(request, "Tick at least one run first.")
+    elif action == "cancel":
+        messages.info(request, bulk.cancel_runs(ids, user=request.user).message("Cancelled"))
+    elif action == "requeue":
+        messages.info(request, bulk.requeue_runs(ids, user=request.user).message("Requeued"))
+    else:
+        messages.error(request, "Choose cancel or requeue.")
+    return _back(request, reverse("dashboard:runs"))
+
+
+# A sweep's actions: the service, its verb and what the page adds to the count.
+SWEEP_ACTIONS = {
+    "cancel": (bulk.cancel_sweep, "cancelled", ""),
+    "pause": (bulk.pause_sweep, "paused", " Finished runs are kept; Resume queues the rest again."),
+    "resume": (bulk.resume_sweep, "queued again", ""),
+    "clear": (
+        bulk.clear_sweep,
+        "cleared",
+        " Waiting runs were deleted, a training one stops; finished runs are kept.",
+    ),
+}
+
+
+@login_required
+@require_POST
+def sweep_action(request, pk: int, action: str):
+    """Cancel, pause, resume or clear a sweep's unfinished runs (lab.runs.bulk)."""
+    sweep = get_object_or_404(Sweep, pk=pk)
+    service, verb, note = SWEEP_ACTIONS[action]
+    outcome = service(sweep, user=request.user)
+    messages.info(
+        request, outcome.message(f"Sweep {sweep.pk}: {verb}") + (note if outcome.done else "")
+    )
+    return _back(request, reverse(EXPERIMENT_PAGE, args=[sweep.experiment_id]))
+
+
+def warn_if_unserved(request: HttpRequest, queue: str) -> None:
+    warning = unserved_warning(queue)
+    if warning:
+        messages.warning(request, warning)
+
+
+@login_required
+@require_POST
+def run_delete(request, pk: int):
+    run = get_object_or_404(Run, pk=pk)
+    experiment_id = run.experiment_id
+    try:
+        lifecycle.delete_run(run, user=request.user)
+    except lifecycle.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
+    except lifecycle.InvalidState as exc:
+        messages.error(request, str(exc))
+        return redirect(RUN_PAGE, pk)
+    messages.info(request, f"Run {pk} deleted.")
+    return redirect(EXPERIMENT_PAGE, experiment_id)
