@@ -18,7 +18,7 @@ what transformers gives it: the named special tokens the tokenizer has,
 ``tools=None`` and ``documents=None``; the template writes its own BOS, so none is
 added. Without a template a prompt is framed by tokenizer.json's own post-processor,
 as transformers' ``tokenizer(prompt)`` frames it (transformers 5 ignores
-``add_bos_token`` once tokenizer.json has one: tests/trainer/test_hf_chat_transformers.py).
+``add_bos_token`` once tokenizer.json has one: tests/trainer/test_hf_chat_render.py).
 
 Special tokens come from tokenizer_config.json (``bos_token``, ``eos_token``,
 ``pad_token``, ``unk_token``, ..., as strings or ``{"content": ...}``), overridden by
