@@ -217,33 +217,9 @@ class RunList(generics.ListAPIView):
             return Response(
                 body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "30"}
             )
-<<<<<<< HEAD
         # A retry (the key's run, asking for the same): 200; a new run: 201.
         code = status.HTTP_200_OK if lifecycle.is_replay(run) else status.HTTP_201_CREATED
         return Response(s.RunSerializer(run).data, status=code)
-=======
-        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
-
-
-def _same_submission(earlier: Run, data: dict[str, Any]) -> bool:
-    """Whether a request with an Idempotency-Key already used asks for the run that
-    key stored: the same experiment, resolved config, queue and priority (a retry
-    of the same request always does; another request under the key does not)."""
-    experiment = data["experiment"]
-    cfg = resolve_config(
-        data.get("config"),
-        data.get("preset"),
-        data.get("overrides"),
-        base=experiment.base_config or None,
-    )
-    config = json.loads(json.dumps(cfg.to_dict()))  # as the JSON field stores it
-    return (
-        earlier.experiment_id == experiment.pk
-        and earlier.config == config
-        and earlier.queue == lifecycle.check_queue(data.get("queue"))
-        and earlier.priority == lifecycle.check_priority(data.get("priority"))
-    )
->>>>>>> main
 
 
 class RunDetail(generics.RetrieveDestroyAPIView):
