@@ -38,7 +38,8 @@ MISMATCH_SDI = "mismatch/sdi"  # mean over sequences of share of mismatched toke
 MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY = "mismatch/effective_routing_inconsistency"
 
 # experts
-EXPERTS_LOAD_PREFIX = "experts/load/L"  # + layer index -> list[float] of length E
+# + the model's block index (a model with dense blocks logs only its MoE ones)
+EXPERTS_LOAD_PREFIX = "experts/load/L"  # -> list[float] of length E
 
 
 def experts_load(layer: int) -> str:
@@ -49,6 +50,12 @@ EXPERTS_UTILIZATION = "experts/utilization"
 EXPERTS_MAX_VIOLATION = "experts/max_violation"
 EXPERTS_ROUTER_ENTROPY = "experts/router_entropy"
 ROUTER_TEMPERATURE = "router/temperature"
+# The routers' selection bias (auxiliary-loss-free balancing, Wang et al. 2024;
+# DeepSeek-V3's e_score_correction_bias) after the step's update: the mean over MoE
+# layers of mean_e |b_e| and of max_e b_e - min_e b_e. Logged while the stabilizer
+# trains it (stabilizers.balance.aux_free_bias) or the model carries one.
+ROUTER_SELECTION_BIAS_ABS_MEAN = "router/selection_bias_abs_mean"
+ROUTER_SELECTION_BIAS_SPREAD = "router/selection_bias_spread"
 
 # policy / value
 POLICY_LOSS = "policy/loss"
@@ -143,6 +150,8 @@ SCALAR_KEYS: tuple[str, ...] = (
     EXPERTS_MAX_VIOLATION,
     EXPERTS_ROUTER_ENTROPY,
     ROUTER_TEMPERATURE,
+    ROUTER_SELECTION_BIAS_ABS_MEAN,
+    ROUTER_SELECTION_BIAS_SPREAD,
     POLICY_LOSS,
     POLICY_KL_REF,
     POLICY_ENTROPY,
@@ -353,6 +362,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         ROUTER_TEMPERATURE, "router temperature", moe_only=True, section=SECTION_TEMPERATURE
     ),
     MetricSpec(POLICY_GRAD_NORM, "gradient norm", section=SECTION_GRADIENTS, experiment_page=True),
+    MetricSpec(
+        ROUTER_SELECTION_BIAS_ABS_MEAN,
+        "selection bias, mean |b|",
+        moe_only=True,
+        section=SECTION_BALANCE,
+    ),
+    MetricSpec(
+        ROUTER_SELECTION_BIAS_SPREAD,
+        "selection bias, max - min",
+        moe_only=True,
+        section=SECTION_BALANCE,
+    ),
     MetricSpec(
         GRADS_COS_POLICY_AUX,
         "cos(policy grad, aux grad)",

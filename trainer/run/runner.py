@@ -380,7 +380,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     lr = lr_at(step, cfg.run.steps, cfg.optim)
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
     metrics.update(ctx.updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
-    stabilizers.end_step(step)
+    metrics.update(stabilizers.end_step(step))
     t_train = phase_clock(device)
 
     # Sums and counts over every rank's samples (a rank's mean weighs its rows).
