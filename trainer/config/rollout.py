@@ -27,6 +27,14 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(16, ge=1, le=8192, description="Longest sampled response.")
     temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass; 1 = off.")
+    sampler: Literal["inverse_cdf", "race"] = Field(
+        "inverse_cdf",
+        description="How a token is drawn from the (temperature, top-p) distribution: "
+        "inverse_cdf, one uniform per row searched in the cumulative probabilities; race, "
+        "the exponential race (torch.multinomial's algorithm, B x V draws per step). Same "
+        "distribution, other tokens for the same seed: the studies run before inverse_cdf "
+        "keep race (trainer/rollout/sampling.py).",
+    )
     kv_cache: bool = Field(True, description="Decode with a KV cache (off = full recompute).")
     decode: Literal["eager", "compiled"] = Field(
         "eager",

@@ -77,6 +77,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         stop_check_every: int = 8,
         fp8_gemm: str = "auto",
         decode: str = "eager",
+        sampler: str = "inverse_cdf",
     ):
         if stop_check_every < 1:
             raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
@@ -93,6 +94,8 @@ class RolloutEngine(EngineWeights, EngineForward):
         # rollout.decode: "compiled" decodes with the fixed-shape step under
         # torch.compile (trainer.rollout.static_decode), built at the first rollout.
         self.decode = decode
+        # rollout.sampler: inverse_cdf or the exponential race (trainer.rollout.sampling)
+        self.sampler = sampler
         self._compiled_step = None
         if decode == "compiled":
             moe_backend = compiled_moe_backend(moe_backend, self.num.dtype)
@@ -286,7 +289,7 @@ class RolloutEngine(EngineWeights, EngineForward):
             if stream is not None and stop_ids is not None and step % self.stop_check_every == 0:
                 stream_state, stream_from = stream.get_state(), step
             logp = scaled_logprobs(next_logits, temperature)
-            nxt = sample_next(logp, temperature, top_p, stream)
+            nxt = sample_next(logp, temperature, top_p, stream, self.sampler)
             if stop_ids is None:  # no row ever stops: every row is alive
                 alive = None
                 tokens[:, col] = nxt
@@ -340,7 +343,9 @@ class RolloutEngine(EngineWeights, EngineForward):
             if routing is not None:
                 routing[:, :, p + stop :] = 0  # columns fed only after the stop
             if stream is not None:
-                replay_draws(stream, stream_state, stop + 1 - stream_from, next_logits)
+                replay_draws(
+                    stream, stream_state, stop + 1 - stream_from, next_logits, self.sampler
+                )
         return tokens, mask, logprobs, routing, end
 
     def _group_stop_step(self, local_stop: int) -> int:

@@ -283,6 +283,7 @@ def build_context(
             precision=cfg.rollout.precision,
             device=device,
             decode=cfg.rollout.decode,
+            sampler=cfg.rollout.sampler,
             router_noise=build_router_noise(cfg, device, generators),
         ),
         # Builds the run's Stabilizers too (after the reference copy: noisy gating adds
