@@ -36,7 +36,13 @@ from trainer.rollout.sampling import (
     sampling_stream,
     scaled_logprobs,
 )
-from trainer.rollout.static_decode import compiled_decode, compiled_moe_backend, zero_cache
+from trainer.rollout.static_decode import (
+    bucket_for,
+    compiled_decode,
+    compiled_moe_backend,
+    decode_buckets,
+    zero_cache,
+)
 from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
@@ -118,7 +124,8 @@ class RolloutEngine(EngineWeights, EngineForward):
         self.inv_freq = inv_freq.to(self.device)
         self.layers: list[EngineLayer] = []
         self.loaded = False
-        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        # keys and values: one (B, Hkv, S, hd) tensor per layer each (_static_cache)
+        self._cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self._rope: torch.Tensor | None = None
         self._slots: torch.Tensor | None = None
         self._kept_routing: torch.Tensor | None = None  # the compiled step's (_routing_buffer)
@@ -284,6 +291,8 @@ class RolloutEngine(EngineWeights, EngineForward):
         # a fresh torch.tensor([col]) per token would be a host-to-device copy
         # (a sync on CUDA) and a new input for the captured graph each time.
         col_t = torch.full((1,), p, dtype=torch.long, device=self.device) if compiled else None
+        # The compiled step attends over a bucket of the cache, not all of it.
+        buckets = decode_buckets(total) if compiled else []
         for step in range(max_new_tokens):
             col = p + step
             if stream is not None and stop_ids is not None and step % self.stop_check_every == 0:
@@ -312,8 +321,9 @@ class RolloutEngine(EngineWeights, EngineForward):
             if use_kv_cache:
                 if compiled:  # the fixed-shape step: the whole cache, the column as data
                     next_logits = self._compiled_step(
-                        tokens[:, col], n_real, col_t, key_bias, routing
-                    )
+                        tokens[:, col], n_real, col_t, key_bias, routing,
+                        bucket_for(col + 1, buckets),
+                    )  # fmt: skip
                     col_t += 1
                 else:
                     next_logits = self._decode(

@@ -33,17 +33,22 @@ class EngineForward:
     """Prefill (``_forward``) and one-token decode (``_decode``) over ``self.layers``."""
 
     def _static_cache(self, batch: int, length: int):
-        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls."""
-        shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
-        if (
-            self._cache is None
-            or self._cache[0].shape[:2] != shape[:2]
-            or (self._cache[0].shape[3] < length)
-        ):
-            self._cache = (
-                torch.empty(shape, dtype=self.num.dtype, device=self.device),
-                torch.empty(shape, dtype=self.num.dtype, device=self.device),
-            )
+        """Preallocated key and value buffers, one (B, Hkv, S, hd) tensor per layer
+        each, reused across calls. One tensor per layer, not one (L, ...) stack: a
+        compiled step writes layer i's column in place (``index_copy_``), and
+        inductor turns an in-place write into a view of a graph input into a copy
+        of the whole input and a copy back (seen in its generated code: the whole
+        stacked cache copied every step); a write into a whole input it keeps in
+        place, as transformers' StaticCache (one tensor per layer) relies on."""
+        shape = (batch, self.n_kv_heads, length, self.head_dim)
+        cache = self._cache
+        if cache is None or cache[0][0].shape[0] != batch or cache[0][0].shape[2] < length:
+
+            def layers() -> list[torch.Tensor]:
+                return [torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                        for _ in range(self.cfg.n_layers)]  # fmt: skip
+
+            self._cache = (layers(), layers())
         return self._cache
 
     def _rope_table(self, length: int) -> torch.Tensor:
@@ -236,9 +241,9 @@ class EngineForward:
                 q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
             if cache is not None:
                 end = cache_start + t
-                cache[0][i, :, :, cache_start:end] = k
-                cache[1][i, :, :, cache_start:end] = v
-                k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+                cache[0][i][:, :, cache_start:end] = k
+                cache[1][i][:, :, cache_start:end] = v
+                k, v = cache[0][i][:, :, :end], cache[1][i][:, :, :end]
             k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
             y = num.round_(
                 _attention(q, k, v, slide4d if self.cfg.uses_sliding_window(i) else mask4d)
@@ -289,10 +294,10 @@ class EngineForward:
             slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
 
         def kv(i: int, k: torch.Tensor, v: torch.Tensor):
-            keys[i, :, :, col] = k
-            values[i, :, :, col] = v
+            keys[i][:, :, col] = k
+            values[i][:, :, col] = v
             bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
-            return keys[i, :, :, :end], values[i, :, :, :end], bias
+            return keys[i][:, :, :end], values[i][:, :, :end], bias
 
         def store_routing(moe_i: int, top: torch.Tensor) -> None:
             routing_out[moe_i] = top
