@@ -10,7 +10,7 @@ import inside a function counts like any other) and fails on
   not point upward.
 
 The Django site (``lab.site``) names the dashboard app and its URLs as
-strings in INSTALLED_APPS and ``include("dashboard.urls")``: that is how a
+strings in INSTALLED_APPS and ``include("dashboard.web.urls")``: that is how a
 composition root wires apps, not an import, so it is not an arrow.
 
 The platform's contract with the trainer (docs/design.md section 1.1): the
@@ -70,6 +70,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.tasks.text_data",
         "trainer.tasks.verifiers",
         "trainer.reward_functions",
+        "trainer.hf.finite",
         "trainer.validation",
         "trainer.run_folder.warmstart_progress",
         "trainer.launch",
@@ -133,12 +134,12 @@ def test_guard_sees_lazy_relative_and_type_only_imports(tmp_path):
         "from typing import TYPE_CHECKING\n"
         "from . import sibling\n"
         "if TYPE_CHECKING:\n    from trainer.config import ExperimentConfig\n"
-        "def f():\n    import dashboard.views\n"
+        "def f():\n    import dashboard.web.views\n"
     )
     found = list(_imports(ast.parse(source), "trainer.pkg.mod", is_package=False))
     assert ("trainer.pkg.sibling", 2, False) in found
     assert ("trainer.config.ExperimentConfig", 4, True) in found
-    assert ("dashboard.views", 6, False) in found
+    assert ("dashboard.web.views", 6, False) in found
 
 
 def _module_level_imports(tree: ast.AST) -> set[str]:
@@ -240,7 +241,17 @@ def test_design_doc_lists_the_trainer_contract():
 # --------------------------------------------------------------------------- lab packages
 # docs/design.md 1.2: a lab package (or top-level lab module) imports only those to
 # its left: the text rule, the assets, the one config gate, then the concepts.
-LAB_ORDER = ("text", "assets", "configs", "experiments", "runs", "jobs", "api", "tracking")
+LAB_ORDER = (
+    "text",
+    "inputs",
+    "assets",
+    "configs",
+    "experiments",
+    "runs",
+    "jobs",
+    "api",
+    "tracking",
+)
 
 
 def _lab_package(module: str) -> str | None:

@@ -16,7 +16,8 @@ import re
 from import_graph import ROOT, import_edges, project_modules, strongly_connected
 
 # docs/design.md 1.3, lowest first: the contracts (bad input, metric keys, the
-# torchrun command), the pure formulas, the schema, the tasks and the one gate a
+# torchrun command, the rule of which reward functions may run, the bounded
+# child process that runs user-supplied code), the pure formulas, the schema, the tasks and the one gate a
 # config passes, the run folder's contract, what a device can do, the model, the
 # rollout engine, the distributed seam, the stabilizers, Hugging Face import and
 # export, the statistics of runs, the loop, the studies, the command line.
@@ -24,6 +25,8 @@ TRAINER_ORDER = (
     "errors",
     "metric_keys",
     "launch",
+    "reward_functions",
+    "sandbox",
     "algorithms",
     "config",
     "tasks",
@@ -41,6 +44,12 @@ TRAINER_ORDER = (
     "cli",
     "__main__",
 )
+
+# docs/design.md 1.4: the charts (pure: series in, figure out), team review's
+# models, services and the pages' reads, then the pages.
+DASHBOARD_ORDER = ("charts", "review", "web")
+# What the charts never import: they run without Django settings.
+NOT_IN_CHARTS = ("django", "rest_framework", "celery", "lab")
 
 
 def _top(module: str, room: str) -> str | None:
@@ -76,12 +85,35 @@ def test_trainer_parts_import_only_to_their_left():
     assert order_violations("trainer", TRAINER_ORDER) == []
 
 
-def test_design_doc_states_the_trainer_order():
-    """docs/design.md 1.3 draws the order as one line of names: the guard's order."""
-    section = (ROOT / "docs" / "design.md").read_text().split("### 1.3 ", 1)[1].split("\n#", 1)[0]
-    line = re.search(r"^```\n(.+?)\n```", section, re.MULTILINE | re.DOTALL).group(1)
-    drawn = tuple(name.strip() for name in " ".join(line.split("\n")).split("<-"))
-    assert drawn == TRAINER_ORDER
+def drawn_order(section: str) -> tuple[str, ...]:
+    """The order docs/design.md draws in ``section`` as names joined by ``<-``."""
+    text = (ROOT / "docs" / "design.md").read_text().split(f"### {section} ", 1)[1]
+    text = text.split("\n#", 1)[0]
+    line = re.search(r"^```\n(.+?)\n```", text, re.MULTILINE | re.DOTALL).group(1)
+    return tuple(name.strip() for name in " ".join(line.split("\n")).split("<-"))
+
+
+def test_design_doc_states_the_orders():
+    assert drawn_order("1.3") == TRAINER_ORDER
+    assert drawn_order("1.4") == DASHBOARD_ORDER
+
+
+def test_every_dashboard_part_is_in_the_order():
+    missing = room_parts("dashboard") - set(DASHBOARD_ORDER)
+    assert not missing, f"place {sorted(missing)} in DASHBOARD_ORDER (docs/design.md 1.4)"
+
+
+def test_dashboard_parts_import_only_to_their_left():
+    assert order_violations("dashboard", DASHBOARD_ORDER) == []
+
+
+def test_the_charts_import_no_django_and_no_lab():
+    edges, external = import_edges()
+    bad = [f"{e.source}:{e.line} -> {e.target}" for e in edges
+           if e.source.startswith("dashboard.charts") and e.target.startswith("lab.")]  # fmt: skip
+    bad += [f"{module}:{line} -> {name}" for module, name, line in external
+            if module.startswith("dashboard.charts") and name.split(".")[0] in NOT_IN_CHARTS]  # fmt: skip
+    assert bad == []
 
 
 def package_cycles() -> list[list[str]]:

@@ -97,6 +97,14 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
         )])  # fmt: skip
 
 
+def _precision_list(text: str) -> list[str]:
+    values = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in values if p not in ("fp32", "bf16", "fp16", "fp8")]
+    if not values or bad:
+        raise FieldError([("--precisions", "give fp32, bf16, fp16 or fp8, comma-separated")])
+    return values
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -191,6 +199,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--study", default="causal", help="STUDY.json or a built-in name")
     report.add_argument("--out", required=True, help="the study folder")
 
+    compact = sub.add_parser(
+        "compact",
+        help="gzip the metrics.jsonl of every finished run under a study folder (committed results)",
+    )
+    compact.add_argument("out", metavar="OUT", help="a study folder (or one run folder)")
+
     calibrate = sub.add_parser(
         "calibrate", help="router noise sigma -> routing gap, k3, SDI and expert balance per base"
     )
@@ -199,6 +213,12 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--bases", default="0,1,2,3", help="comma-separated base seeds")
     calibrate.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
     calibrate.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
+    calibrate.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma-separated rollout engine precisions (fp32, bf16, fp16, fp8): the real "
+        "engine gap against the fp32 training forward, beside the router noise",
+    )
     calibrate.add_argument("--batches", type=int, default=2)
     calibrate.add_argument("--out", required=True, help="JSON file (the table goes beside it)")
 
@@ -311,6 +331,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             causal_report(load_definition(args.study), Path(args.out))
             print((Path(args.out) / "causal.md").read_text())
             return 0
+        if args.command == "compact":
+            from trainer.run_folder.files import SUMMARY_FILE, compact_run
+
+            done = sum(compact_run(p.parent) for p in sorted(Path(args.out).rglob(SUMMARY_FILE)))
+            print(f"compacted {done} finished run folders under {args.out}")
+            return 0
         if args.command == "calibrate":
             from trainer.studies.calibration import calibrate_study
             from trainer.studies.definition import load_definition
@@ -324,6 +350,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     batches=args.batches,
                     kind=args.kind,
                     variant=args.variant,
+                    precisions=_precision_list(args.precisions),
                 )
             )
             return 0

@@ -112,7 +112,9 @@ def test_a_decode_step_makes_no_host_sync(precision):
         n_real, key_bias = engine._decode_state(mask, 8)
         routing = torch.zeros((engine.n_moe_layers, 5, 2), dtype=torch.uint8, device=CUDA)
         with no_host_sync():
-            engine._decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], routing)
+            engine.forward_pass.decode(
+                prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], routing
+            )
 
 
 def test_a_rollout_without_eos_makes_no_host_sync():

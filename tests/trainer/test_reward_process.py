@@ -156,12 +156,12 @@ def test_a_call_over_the_bound_scores_zero_and_the_rest_of_the_batch_is_scored(t
     scorer = RewardProcess(f"{rewards}:slow_on_hang", timeout_s=0.5)
     try:
         scorer.start()
-        first = scorer._proc.pid
+        first = scorer.pid
         t0 = time.monotonic()
         values = scorer.score([("a 1", "1"), ("hang", "1"), ("b 2", "2"), ("c", "3")])
         assert values == [1.0, None, 1.0, 0.0]
         assert time.monotonic() - t0 < 10 and scorer.timeouts == 1
-        assert scorer._proc.pid != first  # a fresh process took the rest
+        assert scorer.pid != first  # a fresh process took the rest
         with pytest.raises(ProcessLookupError):
             os.kill(first, 0)
     finally:
@@ -240,7 +240,7 @@ def test_the_function_s_process_dies_with_the_trainer(tmp_path, rewards):
         "import sys, time\n"
         "from trainer.tasks.reward_process import RewardProcess\n"
         f"p = RewardProcess({rewards + ':contains'!r}, 5); p.start()\n"
-        "print(p._proc.pid, flush=True); time.sleep(60)\n"
+        "print(p.pid, flush=True); time.sleep(60)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

@@ -25,7 +25,8 @@ B, P, NEW = 4, 6, 5
 
 
 def _engines(precision: str, backend: str = "auto", **model):
-    cfg = resolve_preset("moe-grpo").model.model_copy(update=model)
+    base = resolve_preset("moe-grpo").model
+    cfg = type(base).model_validate({**base.model_dump(), **model})
     torch.manual_seed(0)
     policy = TransformerLM(cfg, VOCAB)
     engines = []
@@ -38,12 +39,14 @@ def _engines(precision: str, backend: str = "auto", **model):
 
 def _prefill(engine, prompts, mask):
     total = P + NEW
-    engine._static_cache(B, total)
-    if engine.pos_emb is None:
-        engine._rope_table(total)
+    engine.forward_pass.static_cache(B, total)
+    if engine.weights.pos_emb is None:
+        engine.forward_pass.rope_table(total)
     zero_cache(engine)
     routing = engine._routing_buffer(B, total)
-    engine._forward(prompts, mask.long().cumsum(-1).sub(1).clamp(min=0), mask, 0, routing[:, :, :P])
+    engine.forward_pass.forward(
+        prompts, mask.long().cumsum(-1).sub(1).clamp(min=0), mask, 0, routing[:, :, :P]
+    )
     n_real, key_bias = engine._decode_state(mask, total)
     return routing, n_real, key_bias
 
@@ -60,7 +63,7 @@ def _decode_both(precision: str, step_fn=None, backend: str = "auto", buckets=No
         feed = torch.randint(3, VOCAB, (NEW, B), generator=torch.Generator().manual_seed(2))
         for step in range(NEW - 1):
             col = P + step
-            a = dynamic._decode(
+            a = dynamic.forward_pass.decode(
                 feed[step], n_dyn, col, bias_dyn[:, None, None, : col + 1], r_dyn[:, :, col]
             )
             col_t = torch.tensor([col])
@@ -73,7 +76,9 @@ def _decode_both(precision: str, step_fn=None, backend: str = "auto", buckets=No
             n_sta += 1
             out.append((a.clone(), b.clone()))
         end = P + NEW - 1
-        caches = tuple(torch.stack(e._cache[0])[..., :end, :] for e in (dynamic, static))
+        caches = tuple(
+            torch.stack(e.forward_pass.cache[0])[..., :end, :] for e in (dynamic, static)
+        )
     return out, (r_dyn[:, :, :end], r_sta[:, :, :end]), caches
 
 
@@ -112,6 +117,32 @@ def test_static_step_with_a_sliding_window():
     for a, b in steps:
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     assert torch.equal(routing[0], routing[1])
+
+
+FEATURES = {
+    "latent attention, sigmoid groups": {
+        "mla": {"enabled": True, "q_lora_rank": 16, "kv_lora_rank": 24},
+        "router": {"score": "sigmoid", "n_groups": 4, "topk_groups": 2, "scaling": 2.5},
+        "shared_expert_hidden": 32,
+    },
+    "sinks, biases, clamp, sliding": {
+        "attention_sinks": True, "attention_bias": "qkvo", "sliding_window": 4,
+        "sliding_layers": [0], "router": {"bias": True},
+        "expert_ffn": {"bias": True, "activation": "clamped_swiglu", "limit": 1.0},
+    },
+    "partial rotary": {"rotary_fraction": 0.5, "qk_norm": "head", "n_kv_heads": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("features", sorted(FEATURES))
+def test_static_step_with_the_routed_families_features(features):
+    """The latent cache (its values a view of the rows), sinks, partial rotary and the
+    routers of DeepSeek/GLM/GPT-OSS decode the same over the whole cache width."""
+    steps, routing, caches = _decode_both("fp32", **FEATURES[features])
+    for a, b in steps:
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert torch.equal(routing[0], routing[1])
+    torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=1e-6)
 
 
 def test_static_step_makes_no_host_sync():
@@ -160,13 +191,13 @@ def test_the_compiled_step_writes_the_kv_cache_in_place():
     torch._dynamo.reset()
     engine, _ = _engines("fp32", "padded")
     total = 37
-    engine._static_cache(B, total)
-    engine._rope_table(total)
+    engine.forward_pass.static_cache(B, total)
+    engine.forward_pass.rope_table(total)
     zero_cache(engine)
     mask = torch.ones((B, P), dtype=torch.bool)
     n_real, key_bias = engine._decode_state(mask, total)
     routing = engine._routing_buffer(B, total)
-    layer = engine._cache[0][0].numel()
+    layer = engine.forward_pass.cache[0][0].numel()
     assert layer == 18944
     step = compiled_decode(engine)
     with torch.inference_mode():
@@ -275,8 +306,20 @@ def test_a_compiled_step_marks_the_engines_tensors_static(monkeypatch):
     mask = torch.ones_like(prompts, dtype=torch.bool)
     first = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)
     kept = engine._kept_routing
-    weights = [engine.tok_emb, engine.lm_head, engine.layers[0].attn_norm, engine.layers[0].router]
-    for t in (*weights, *engine._cache[0], *engine._cache[1], kept, engine._rope, engine._slots):
+    weights = [
+        engine.weights.tok_emb,
+        engine.weights.lm_head,
+        engine.layers[0].attn_norm,
+        engine.layers[0].router,
+    ]
+    for t in (
+        *weights,
+        *engine.forward_pass.cache[0],
+        *engine.forward_pass.cache[1],
+        kept,
+        engine.forward_pass.rope,
+        engine.forward_pass.slots,
+    ):
         assert getattr(t, "_dynamo_static_input_type", None) == "unguarded"
     second = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)
     assert engine._kept_routing is kept  # one buffer, one address, rollout after rollout

@@ -94,17 +94,12 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(_contrast_cells(f"{name} vs {pair['against']}", pair))
     dose, arch, ll = report["dose_model"], report["architecture_model"], report["lead_lag_model"]
     adj = report["p_holm"]
-    lines += [
-        "",
-        "| pre-registered test | hazard ratio [95% CI], Wald p | Holm-adjusted p |",
-        "|---|---|---|",
-        f"| H1: MoE hazard per 10 points of routing gap (no replay) | "
-        f"{_hr(dose and dose['gap'])} | {_fmt(adj['H1'], '.3g')} |",
-        f"| H2: R3 x gap interaction | {_hr(dose and dose.get('r3_interaction'))} | "
-        f"{_fmt(adj['H2'], '.3g')} |",
-        f"| H3: MoE vs dense at zero gap | {_hr(arch and arch['moe'])} | {_fmt(adj['H3'], '.3g')} |",
-        f"| (MoE+R3 hazard per 10 points of gap) | {_hr(dose and dose.get('gap_with_r3'))} | - |",
-    ]
+    if report.get("registration") == "edge":
+        from trainer.analysis.edge_tests import edge_markdown
+
+        lines += ["", *edge_markdown(report.get("registered", {}))]
+    else:
+        lines += _causal_tests(dose, arch, adj)
     if ll:
         lines += [
             "",
@@ -145,6 +140,21 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", *slope_table(slope["clustered"])]
     lines += ["", f"Decision (pre-registered rule): {report['decision']}."]
     return "\n".join(lines)
+
+
+def _causal_tests(dose, arch, adj) -> list[str]:
+    """The causal study's pre-registered tests (H1-H3) as a table."""
+    return [
+        "",
+        "| pre-registered test | hazard ratio [95% CI], Wald p | Holm-adjusted p |",
+        "|---|---|---|",
+        f"| H1: MoE hazard per 10 points of routing gap (no replay) | "
+        f"{_hr(dose and dose['gap'])} | {_fmt(adj['H1'], '.3g')} |",
+        f"| H2: R3 x gap interaction | {_hr(dose and dose.get('r3_interaction'))} | "
+        f"{_fmt(adj['H2'], '.3g')} |",
+        f"| H3: MoE vs dense at zero gap | {_hr(arch and arch['moe'])} | {_fmt(adj['H3'], '.3g')} |",
+        f"| (MoE+R3 hazard per 10 points of gap) | {_hr(dose and dose.get('gap_with_r3'))} | - |",
+    ]
 
 
 def _contrast_cells(name: str, pair: dict[str, Any]) -> str:

@@ -63,6 +63,7 @@ def load_runs(study, out: Path) -> list[dict[str, Any]]:
                     "moe": cfg.model.is_moe,
                     "r3": cfg.stabilizers.replay.mode == "r3",
                     "sigma": cfg.rollout.router_noise,
+                    "precision": cfg.rollout.precision,
                     "rows": rows,
                     "summary": summary,
                     "environment": summary.get("environment"),
@@ -188,15 +189,16 @@ CLUSTERED_KEYS = ("bases", "cluster_base", "wild_cluster", "bases_positive")
 
 
 def replay_contrasts(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each MoE+R3 cell against the MoE cell without replay at the same router noise,
-    paired by seed (so by base), with base-clustered inference (``paired_contrasts``)."""
-    cells: dict[tuple[bool, float], str] = {}
+    """Each MoE+R3 cell against the MoE cell without replay at the same router noise and
+    rollout precision, paired by seed (so by base), with base-clustered inference (``paired_contrasts``)."""
+    cells: dict[tuple[bool, float, str], str] = {}
     for run in runs:
         if run["moe"]:
-            cells.setdefault((run["r3"], run["sigma"]), run["variant"])
+            key = (run["r3"], run["sigma"], run.get("precision", "fp32"))
+            cells.setdefault(key, run["variant"])
     out = {}
-    for (r3, sigma), name in cells.items():
-        partner = cells.get((False, sigma))
+    for (r3, sigma, precision), name in cells.items():
+        partner = cells.get((False, sigma, precision))
         if r3 and partner is not None:
             pair = [r for r in runs if r["variant"] in (name, partner)]
             contrast = paired_contrasts(pair, partner).get(name)
@@ -336,11 +338,22 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         "p_raw": raw,
         "p_holm": adjusted,
         "decision": decide(dose, adjusted, pooled),
+        "registration": getattr(study, "analysis", None) or "causal",
         "per_run": frame.to_dict(orient="records") if len(frame) else [],
         "environments": group_environments(
             [(f"{r['variant']}/seed{r['seed']}", r["environment"]) for r in runs]
         ),
     }
+    if report["registration"] == "edge":  # the near-edge study's own registered tests
+        from trainer.analysis.edge_tests import decide_edge, edge_tests
+
+        controls = [r for r in no_replay_moe if r["sigma"] == 0]
+        report["registered"] = edge_tests(frame) if len(frame) else {}
+        report["decision"] = decide_edge(
+            report["registered"],
+            sum(bool(r["summary"]["collapsed"]) for r in controls),
+            len(controls),
+        )
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
     (out / "causal.md").write_text(markdown(report) + "\n")
     if runs:

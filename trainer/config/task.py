@@ -10,6 +10,10 @@ from pydantic import Field, field_validator, model_validator
 from trainer.config.section import Section
 from trainer.reward_functions import parse_reward_path
 
+# A prompt longer than this cannot fit any model.max_seq_len (<= 32768 tokens at about
+# 4 characters a token); one 50 MB line once grew a run past 7 GB before it was killed.
+DEFAULT_MAX_PROMPT_CHARS = 131_072
+
 
 class TaskBase(Section):
     """Fields every task kind shares; ``name`` picks the kind (a tagged union)."""
@@ -139,13 +143,14 @@ class TextTaskConfig(TaskBase):
         description="python: seconds one reward call may take; a call over it scores 0 "
         "(counted in the log) and the function's process is restarted.",
     )
-    max_prompt_chars: int | None = Field(
-        None,
+    max_prompt_chars: int = Field(
+        DEFAULT_MAX_PROMPT_CHARS,
         ge=1,
         le=1_000_000,
-        description="Rows whose prompt is longer (in characters) are skipped and counted, "
-        "as verl's filter_overlong_prompts; empty = keep every row (a prompt too long for "
-        "model.max_seq_len is then a config error).",
+        description="Rows whose prompt is longer (in characters; a conversation's turns "
+        "together) are skipped and counted, as verl's filter_overlong_prompts. The default, "
+        "131072, is more than any model.max_seq_len (at most 32768 tokens) holds at about 4 "
+        "characters a token; empty = the default.",
     )
 
     max_prompt_tokens: int | None = Field(
@@ -156,6 +161,13 @@ class TextTaskConfig(TaskBase):
         "checkpoint's tokenizer, chat template and BOS included; bytes on the builtin model) "
         "are skipped and counted, as verl's filter_overlong_prompts; empty = keep every row.",
     )
+
+    @field_validator("max_prompt_chars", mode="before")
+    @classmethod
+    def _default_bound(cls, value: object) -> object:
+        """Empty (or a stored config's null, from before the bound) = the default:
+        every prompt has a bound."""
+        return DEFAULT_MAX_PROMPT_CHARS if value is None else value
 
     @field_validator("prompt_template")
     @classmethod

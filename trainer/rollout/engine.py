@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from trainer.config import ModelConfig
 from trainer.model.expert_parallel import all_finished
-from trainer.model.layers import positions_from_mask, rope_frequencies
+from trainer.model.layers import positions_from_mask
 from trainer.rollout.forward import EngineForward
 from trainer.rollout.numerics import Numerics
 from trainer.rollout.router_noise import RouterNoise
@@ -68,9 +68,10 @@ class RolloutBatch:
         return None if self.routing is None else self.routing.routing_mask
 
 
-class RolloutEngine(EngineWeights, EngineForward):
-    """The engine: weights (``EngineWeights``), forward (``EngineForward``), and here
-    scoring and sampling."""
+class RolloutEngine:
+    """The engine, composed of its parts: its weights (``weights``:
+    ``EngineWeights``, filled by ``load_weights``), its forward with a static KV
+    cache (``forward_pass``: ``EngineForward``), and here scoring and sampling."""
 
     def __init__(
         self,
@@ -105,34 +106,40 @@ class RolloutEngine(EngineWeights, EngineForward):
         self._compiled_step = None
         if decode == "compiled":
             moe_backend = compiled_moe_backend(moe_backend, self.num.dtype)
-        self.moe_backend = moe_backend
         # Decode steps between two checks whether every row stopped: the check
         # reads a flag on the host (a sync); between checks the loop runs on
         # without waiting (``_sample``).
         self.stop_check_every = stop_check_every
-        self.n_heads = cfg.n_heads
-        self.n_kv_heads = cfg.resolved_n_kv_heads
-        self.head_dim = cfg.resolved_head_dim
-        kv_dim = self.n_kv_heads * self.head_dim
-        self.qkv_split = (self.n_heads * self.head_dim, kv_dim, kv_dim)
-        # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
-        # needs as many key as query heads and no per-tensor q/k norm.
-        self.joint_qk = self.n_kv_heads == self.n_heads and cfg.qk_norm == "none"
-        inv_freq, self.rope_scale = rope_frequencies(
-            self.head_dim, cfg.rope_theta, cfg.rope_scaling
-        )
-        self.inv_freq = inv_freq.to(self.device)
-        self.layers: list[EngineLayer] = []
-        self.loaded = False
-        # keys and values: one (B, Hkv, S, hd) tensor per layer each (_static_cache)
-        self._cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self._rope: torch.Tensor | None = None
-        self._slots: torch.Tensor | None = None
+        self.weights = EngineWeights(cfg, self.num)
+        self.forward_pass = EngineForward(cfg, self.weights, moe_backend, self.router_noise)
         self._kept_routing: torch.Tensor | None = None  # the compiled step's (_routing_buffer)
-        # Expert parallelism (trainer.model.expert_parallel): this rank holds the
-        # experts of ``expert_shard`` only; load_weights then takes those slices and
-        # every MoE layer sends its rows to their experts' rank and back.
-        self.expert_shard = None
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take the training model's ``state_dict()`` (``EngineWeights.load``)."""
+        self.weights.load(state_dict)
+
+    @property
+    def layers(self) -> list[EngineLayer]:
+        return self.weights.layers
+
+    @property
+    def loaded(self) -> bool:
+        return self.weights.loaded
+
+    @property
+    def expert_shard(self):
+        """Expert parallelism (trainer.model.expert_parallel): this rank holds the
+        experts of ``expert_shard`` only; load_weights then takes those slices and
+        every MoE layer sends its rows to their experts' rank and back."""
+        return self.weights.expert_shard
+
+    @expert_shard.setter
+    def expert_shard(self, shard) -> None:
+        self.weights.expert_shard = shard
+
+    @property
+    def moe_backend(self) -> str:
+        return self.forward_pass.moe_backend
 
     @property
     def precision(self) -> str:
@@ -160,7 +167,9 @@ class RolloutEngine(EngineWeights, EngineForward):
             mask = attention_mask.to(self.device).bool()
             b, t = tokens.shape
             routing = self._routing_buffer(b, t)
-            logits = self._forward(tokens, positions_from_mask(mask), mask, None, routing, True)
+            logits = self.forward_pass.forward(
+                tokens, positions_from_mask(mask), mask, None, routing, True
+            )
             logprobs = prompt_logprobs(logits, tokens, mask, temperature)
         # Clones outside inference mode: callers may use them under autograd.
         packed = None
@@ -193,7 +202,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         self._check_loaded()
         p = prompt_tokens.shape[1]
         total = p + max_new_tokens
-        if total > self.cfg.max_seq_len and self.pos_emb is not None:
+        if total > self.cfg.max_seq_len and self.weights.pos_emb is not None:
             raise ValueError(f"prompt + max_new_tokens ({total}) exceeds max_seq_len")
         stop_ids = None
         if eos_id is not None:
@@ -257,16 +266,16 @@ class RolloutEngine(EngineWeights, EngineForward):
         # address from rollout to rollout (static for a CUDA graph, static_decode.mark_static).
         routing = self._routing_buffer(b, total, reuse=compiled)
         if use_kv_cache:
-            self._static_cache(b, total)
-            if self.pos_emb is None:
-                self._rope_table(total)
+            self.forward_pass.static_cache(b, total)
+            if self.weights.pos_emb is None:
+                self.forward_pass.rope_table(total)
             if compiled:
-                zero_cache(self)  # whole-width attention reads every column: finite
+                zero_cache(self)  # a bucket's attention reads all its columns: finite
                 if self._compiled_step is None:
                     self._compiled_step = compiled_decode(self, _compile_mode(self.device))
 
         # Prefill: every prompt position at once (prompt log-probs need all logits).
-        logits = self._forward(
+        logits = self.forward_pass.forward(
             tokens[:, :p],
             positions_from_mask(prompt_valid),
             prompt_valid,
@@ -319,14 +328,14 @@ class RolloutEngine(EngineWeights, EngineForward):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
             if use_kv_cache:
-                if compiled:  # the fixed-shape step: the whole cache, the column as data
+                if compiled:  # the fixed-shape step: a bucket of the cache, the column as data
                     next_logits = self._compiled_step(
                         tokens[:, col], n_real, col_t, key_bias, routing,
                         bucket_for(col + 1, buckets),
                     )  # fmt: skip
                     col_t += 1
                 else:
-                    next_logits = self._decode(
+                    next_logits = self.forward_pass.decode(
                         tokens[:, col],
                         n_real,
                         col,
@@ -401,7 +410,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         """Without a KV cache: a full forward over columns 0..col, the (B, V) logits of
         the last one; column ``col``'s routing is copied into ``routing`` (L, B, T, k)."""
         step_routing = None if routing is None else self._routing_buffer(tokens.shape[0], col + 1)
-        next_logits = self._forward(
+        next_logits = self.forward_pass.forward(
             tokens[:, : col + 1],
             positions_from_mask(mask[:, : col + 1]),
             mask[:, : col + 1],

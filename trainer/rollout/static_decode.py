@@ -1,6 +1,6 @@
 """A decode step of fixed shapes, for ``torch.compile`` and CUDA graphs.
 
-The engine's ``_decode`` (trainer/rollout/forward.py) reads the KV cache up to
+The engine's ``EngineForward.decode`` (trainer/rollout/forward.py) reads the KV cache up to
 column ``col`` and writes the new key and value at a Python-int column: the
 slice grows by one column per token, so a compiled step would recompile and a
 captured CUDA graph (which replays fixed shapes and fixed addresses) could not
@@ -17,10 +17,10 @@ Within a bucket:
   so their softmax weight is exactly 0 (exp(-inf) = 0) and they add exactly 0
   to the weighted sum of values, provided the cache holds finite numbers
   there (0 x NaN is NaN): ``zero_cache`` fills it once per rollout;
-* sliding windows mask in-graph (columns <= col - window), as ``_decode``
+* sliding windows mask in-graph (columns <= col - window), as ``decode``
   masks by slicing.
 
-The layers are the engine's own decode loop (``EngineForward._decode_layers``);
+The layers are the engine's own decode loop (``EngineForward.decode_layers``);
 only the cache access differs. A GEMM over more columns may block its sums
 differently, so logits agree to float rounding, not bit for
 bit (tests/trainer/test_static_decode.py bounds it). Compiled-vs-eager timings
@@ -65,7 +65,8 @@ def bucket_for(columns: int, buckets: list[int]) -> int:
 
 def zero_cache(engine: RolloutEngine) -> None:
     """Make every cache column finite (zeros) before a static-width decode reads it."""
-    for t in (*engine._cache[0], *engine._cache[1]):
+    keys, values = engine.forward_pass.cache
+    for t in keys if engine.cfg.mla.enabled else (*keys, *values):  # latent values: views
         t.zero_()
 
 
@@ -109,7 +110,7 @@ def decode_static_tops(
     (L_moe, B, k) instead of writing them (None when ``routing`` is off): the
     compiled step writes them into the routing buffer outside its graph, so that
     the graph mutates no input but the per-layer KV tensors."""
-    keys, values = engine._cache  # per layer: (B, Hkv, S, hd)
+    keys, values = engine.forward_pass.cache  # per layer: (B, Hkv, S, hd)
     width = keys[0].shape[2] if width is None else width
     columns = torch.arange(width, device=token.device)
     bias = key_bias[:, :width].masked_fill(columns > col, float("-inf"))[:, None, None, :]
@@ -118,16 +119,18 @@ def decode_static_tops(
     if window is not None:
         # transformers' sliding window: a query at column q sees columns > q - window
         slide_bias = bias.masked_fill(columns <= col - window, float("-inf"))
+    latent = engine.cfg.mla.enabled
 
     def kv(i: int, k: torch.Tensor, v: torch.Tensor):
         # in place into the layer's whole tensor (a graph input inductor keeps in place)
         keys[i].index_copy_(2, col, k[:, :, None].to(keys[i].dtype))
-        values[i].index_copy_(2, col, v[:, :, None].to(values[i].dtype))
+        if not latent:  # a latent layer's values are a view of its keys: written with them
+            values[i].index_copy_(2, col, v[:, :, None].to(values[i].dtype))
         attend = slide_bias if engine.cfg.uses_sliding_window(i) else bias
         return keys[i][:, :, :width], values[i][:, :, :width], attend
 
     tops: list[torch.Tensor] = []
-    logits = engine._decode_layers(
+    logits = engine.forward_pass.decode_layers(
         token, position, kv, (lambda _, top: tops.append(top)) if routing else None
     )
     return logits, torch.stack(tops) if tops else None
@@ -200,10 +203,10 @@ def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeSte
         # create inside the graph on its first call (a second graph on the next):
         # made here, outside it, once per batch size.
         rows = token.shape[0] * engine.cfg.top_k
-        if engine.cfg.is_moe and (engine._slots is None or engine._slots.numel() < rows):
-            engine._slots = torch.arange(rows, device=token.device)
-        buffers = (*engine._cache[0], *engine._cache[1], routing_out, engine._rope,
-                   engine._slots)  # fmt: skip
+        fwd = engine.forward_pass
+        if engine.cfg.is_moe and (fwd.slots is None or fwd.slots.numel() < rows):
+            fwd.slots = torch.arange(rows, device=token.device)
+        buffers = (*fwd.cache[0], *fwd.cache[1], routing_out, fwd.rope, fwd.slots)
         if {id(b) for b in buffers} - marked:  # new buffers: a new batch size or length
             mark_static([*engine_tensors(engine), routing_out])
             marked.update(id(b) for b in buffers)
@@ -234,9 +237,9 @@ def mark_static(tensors: Iterable[torch.Tensor | None]) -> None:
 
 
 def engine_tensors(engine: RolloutEngine) -> Iterator[torch.Tensor]:
-    """Every tensor held by the engine (weights in whatever container its precision
-    stores them, embeddings, the head, rope frequencies), found by walking its
-    attributes and those of the trainer's own objects it holds."""
+    """Every tensor held by the engine and its parts (weights in whatever container
+    its precision stores them, embeddings, the head, rope frequencies, the cache),
+    found by walking its attributes and those of the trainer's own objects it holds."""
     seen: set[int] = set()
 
     def walk(value: object, depth: int) -> Iterator[torch.Tensor]:
@@ -253,4 +256,4 @@ def engine_tensors(engine: RolloutEngine) -> Iterator[torch.Tensor]:
             for item in vars(value).values():
                 yield from walk(item, depth - 1)
 
-    yield from walk(engine, 5)
+    yield from walk(engine, 6)

@@ -1,7 +1,9 @@
-"""Router-noise calibration: sigma -> routing gap, k3 and SDI on a base, and the base's balance.
+"""Gap calibration: (engine precision, router noise sigma) -> routing gap, k3 and SDI on a
+base, and the base's balance.
 
-For one warm-started base and each sigma, the rollout engine (fp32, router
-noise sigma) samples a batch of responses as a run's first step does, and one
+For one warm-started base and each precision and sigma, the rollout engine
+(that precision: fp32 for the routing-only dose, bf16 or fp8 for the real
+engine gap a GPU study measures; router noise sigma) samples a batch of responses as a run's first step does, and one
 training forward on those tokens measures the gap exactly as the run logs it
 (``trainer.algorithms.measure``): the share of (token, MoE layer) pairs routed
 differently, the k3 KL between training and rollout log-probs, the sequence
@@ -11,6 +13,8 @@ entropy (normalised: 1 = balanced) and MaxVio, per layer and overall.
 
     python -m trainer calibrate --study causal --bases 0,1,2,3 \\
         --sigmas 0,0.05,0.1,0.2,0.4 --out docs/results/causal/calibration.json
+    python -m trainer calibrate --study gpu-mismatch --bases 0,1,2,3 --sigmas 0 \\
+        --precisions fp32,bf16,fp8 --out OUT/calibration.json      # on the GPU
 """
 
 from __future__ import annotations
@@ -66,15 +70,19 @@ def calibrate_base(
     batches: int = 2,
     seed: int = 0,
     kind: str = "fixed",
+    precisions: Sequence[str] = ("fp32",),
 ) -> dict[str, Any]:
-    """Gap measures per sigma on the base of ``cfg`` (trained or read from the cache)."""
+    """Gap measures per engine precision and sigma on the base of ``cfg`` (trained or
+    read from the cache), on the run's device (``run.device``)."""
     from trainer.hf.loader import build_model
+    from trainer.run.context import resolve_device
     from trainer.run.warmstart import train_base_policy
 
-    device = torch.device("cpu")
+    device = resolve_device(cfg.run.device)
     task = make_task(cfg.task)
     vocab = cfg.model.vocab_size or task.tokenizer.vocab_size
-    base = train_base_policy(cfg, task, vocab, device=device, log=lambda *_: None)
+    with torch.enable_grad():  # an uncached base trains here (SFT needs gradients)
+        base = train_base_policy(cfg, task, vocab, device=device, log=lambda *_: None)
     policy = build_model(cfg.model, vocab, device=device)
     policy.load_state_dict(base.state_dict)
     policy.eval()
@@ -82,15 +90,19 @@ def calibrate_base(
     n_moe = cfg.model.n_moe_blocks
     out: dict[str, Any] = {"base_accuracy": base.accuracy, "sigmas": []}
     loads_total: list[torch.Tensor] | None = None
-    for sigma in sigmas:
+    first = True
+    for precision, sigma in [(p, s) for p in precisions for s in sigmas]:
         # The projections every run on this base draws (trainer.rollout.router_noise.noise_seed).
         noise = RouterNoise(
-            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=noise_seed(cfg)
+            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=noise_seed(cfg),
+            device=device,
+        )  # fmt: skip
+        engine = RolloutEngine(
+            cfg.model, vocab, precision=precision, device=device, router_noise=noise
         )
-        engine = RolloutEngine(cfg.model, vocab, precision="fp32", router_noise=noise)
         engine.load_weights(policy.state_dict())
         rng = random.Random(seed)
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         sums: dict[str, float] = {}
         for _ in range(batches):
             problems = repeat_for_groups(
@@ -115,7 +127,7 @@ def calibrate_base(
             stats["response_tokens"] = float(batch.response_mask.sum(-1).float().mean())
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value / batches
-            if sigma == sigmas[0]:
+            if first:
                 layer_loads = [
                     expert_load(idx, batch.attention_mask, cfg.model.n_experts) for idx in natural
                 ]
@@ -124,8 +136,10 @@ def calibrate_base(
                     if loads_total is None
                     else [a + b for a, b in zip(loads_total, layer_loads, strict=True)]
                 )
+        first = False
         out["sigmas"].append(
             {
+                "precision": precision,
                 "sigma": sigma,
                 "routing_inconsistency": sums[K.MISMATCH_ROUTING_INCONSISTENCY],
                 "token_any_layer": sums[K.MISMATCH_TOKEN_ANY_LAYER_FRAC],
@@ -142,9 +156,10 @@ def calibrate_base(
 
 def markdown_table(by_base: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| base | held-out at start | dead experts | load entropy | MaxVio | sigma | routing % | "
+        "| base | held-out at start | dead experts | load entropy | MaxVio | engine | sigma | "
+        "routing % | "
         "any layer % | SDI % | k3 x1e-3 | response tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for base, result in by_base.items():
         bal = result["balance"]
@@ -156,7 +171,8 @@ def markdown_table(by_base: dict[str, dict[str, Any]]) -> str:
                 else "| | | | | |"
             )
             lines.append(
-                f"{head} {row['sigma']:g} | {100 * row['routing_inconsistency']:.2f} | "
+                f"{head} {row.get('precision', 'fp32')} | {row['sigma']:g} | "
+                f"{100 * row['routing_inconsistency']:.2f} | "
                 f"{100 * row['token_any_layer']:.1f} | {100 * row['sdi']:.2f} | "
                 f"{1e3 * row['kl_k3']:.3f} | {row['response_tokens']:.1f} |"
             )
@@ -171,6 +187,7 @@ def calibrate_study(
     batches: int = 2,
     kind: str = "fixed",
     variant: str | None = None,
+    precisions: Sequence[str] = ("fp32",),
 ) -> str:
     """Calibrate ``study``'s first MoE variant (or ``variant``) on each base; write
     ``out`` (JSON) and the markdown table beside it; returns the table."""
@@ -183,7 +200,9 @@ def calibrate_study(
     by_base = {}
     for base in bases:
         cfg = study.config_for(chosen, base)
-        by_base[str(base)] = calibrate_base(cfg, sigmas, batches=batches, kind=kind)
+        by_base[str(base)] = calibrate_base(
+            cfg, sigmas, batches=batches, kind=kind, precisions=precisions
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(by_base, indent=1))
     table = markdown_table(by_base)

@@ -136,7 +136,7 @@ def run_study(
         _append_sitting(out, sitting)
     results = collect_results(study, out)
     write_report(study, results, out)
-    if study.analysis == "causal":
+    if study.analysis in ("causal", "edge"):
         from trainer.analysis.causal_report import causal_report
 
         causal_report(study, out)

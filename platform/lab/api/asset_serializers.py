@@ -31,8 +31,9 @@ class RegisteredModelSerializer(serializers.ModelSerializer):
         model = RegisteredModel
         fields = [
             "id", "name", "path", "family", "total_params", "active_params", "vocab_size",
-            "model_fields", "description", "owner", "created_at",
+            "model_fields", "status", "error", "description", "owner", "created_at",
         ]  # fmt: skip
+        read_only_fields = ["status", "error"]
 
 
 class RegisteredDatasetSerializer(serializers.ModelSerializer):

@@ -41,10 +41,17 @@ def check_queue(queue: str | None) -> str:
     return queue
 
 
+# Priorities run 0..9, higher first. 0 is the background: the demo `make up`
+# queues (lab/runs/demo.py) and whatever a user queues to yield to everyone; a
+# run given no priority queues at DEFAULT_PRIORITY, so it starts before them.
+LOWEST_PRIORITY = 0
+DEFAULT_PRIORITY = 1
+
+
 def check_priority(priority: int | None) -> int:
-    """The priority to use (0 when none is given); FieldError outside 0..9."""
+    """The priority to use (DEFAULT_PRIORITY when none is given); FieldError outside 0..9."""
     if priority is None:
-        return 0
+        return DEFAULT_PRIORITY
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
         raise FieldError([("priority", "priority must be an integer from 0 to 9")])
     return priority
@@ -176,8 +183,7 @@ def submit_run(
 @transaction.atomic
 def clone_run(run: Run, *, owner, overrides: Overrides = None, queue: str | None = None) -> Run:
     """A new queued run with the source's config plus overrides, in the source's
-    experiment (so the cloner must be allowed to queue there). The source's
-    priority is kept up to what the cloner may give."""
+    experiment (so the cloner must be allowed to queue there), at ``clone_priority``."""
     check_can_queue(owner, run.experiment)
     cfg = resolve_config(run.config, None, overrides)
     check_new_runs(owner, [cfg])
@@ -186,10 +192,17 @@ def clone_run(run: Run, *, owner, overrides: Overrides = None, queue: str | None
         experiment=run.experiment,
         config=cfg,
         queue=queue or run.queue,
-        priority=min(run.priority, max_priority(owner)),
+        priority=clone_priority(run, owner),
         variant=run.variant,
         preset=run.preset,
     )
+
+
+def clone_priority(run: Run, owner) -> int:
+    """A clone is the cloner's new run: the source's priority, but never below the
+    default (a clone of a demo run does not wait behind the demo) nor above what
+    the cloner may give."""
+    return min(max(run.priority, DEFAULT_PRIORITY), max_priority(owner))
 
 
 def cancel_run(run: Run, *, user) -> Run:

@@ -108,7 +108,9 @@ INSTALLED_APPS = [
     "lab.assets",
     "lab.api",
     "lab.tracking",
-    "dashboard",
+    # the web wing: team review (app label "dashboard", tables unchanged) and the pages
+    "dashboard.review",
+    "dashboard.web",
 ]
 
 MIDDLEWARE = [
@@ -184,11 +186,11 @@ TIME_ZONE = "UTC"
 # --------------------------------------------------------------------------- static files
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
-# plotly.js comes from the installed Python plotly package (dashboard/staticfiles.py), no CDN.
+# plotly.js comes from the installed Python plotly package (dashboard/web/staticfiles.py), no CDN.
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "dashboard.staticfiles.PlotlyJsFinder",
+    "dashboard.web.staticfiles.PlotlyJsFinder",
 ]
 # Serve app static files without collectstatic on one machine; a team
 # deployment runs collectstatic (Dockerfile) and serves STATIC_ROOT.
@@ -217,7 +219,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "lab.api.errors.json_exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        "lab.api.json_input.BoundedJSONParser",
+        "lab.api.json_parser.BoundedJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
@@ -278,6 +280,9 @@ LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 256))
 # A dataset file larger than this is checked by the control queue's worker, not inside
 # the web request that registers it (it shows as "checking" until then).
 LAB_DATASET_INLINE_BYTES = int(os.environ.get("LAB_DATASET_INLINE_BYTES", 16 * 1024**2))
+# A checkpoint with more weight bytes than this has its weights scanned for NaN and Inf
+# by the control queue's worker (about 1 GB/s), not inside the request that registers it.
+LAB_MODEL_INLINE_BYTES = int(os.environ.get("LAB_MODEL_INLINE_BYTES", 2 * 1024**3))
 LAB_QUEUES = [q for q in os.environ.get("LAB_QUEUES", "cpu,gpu-a100").split(",") if q]
 LAB_DEFAULT_QUEUE = os.environ.get("LAB_DEFAULT_QUEUE", "cpu")
 # What this worker process can run (lab/jobs/capacity.py): GPUs it owns (default:
