@@ -318,7 +318,7 @@ def test_a_compiled_step_marks_the_engines_tensors_static(monkeypatch):
         *engine.forward_pass.cache[1],
         kept,
         engine.forward_pass.rope,
-        engine.forward_pass.slots,
+        engine.forward_pass.moe.slots,
     ):
         assert getattr(t, "_dynamo_static_input_type", None) == "unguarded"
     second = engine.generate(prompts, mask, max_new_tokens=NEW, eos_id=None)

@@ -139,7 +139,7 @@ class RolloutEngine:
 
     @property
     def moe_backend(self) -> str:
-        return self.forward_pass.moe_backend
+        return self.forward_pass.moe.backend
 
     @property
     def precision(self) -> str:

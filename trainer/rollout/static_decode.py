@@ -203,10 +203,10 @@ def compiled_decode(engine: RolloutEngine, mode: str | None = None) -> DecodeSte
         # create inside the graph on its first call (a second graph on the next):
         # made here, outside it, once per batch size.
         rows = token.shape[0] * engine.cfg.top_k
-        fwd = engine.forward_pass
-        if engine.cfg.is_moe and (fwd.slots is None or fwd.slots.numel() < rows):
-            fwd.slots = torch.arange(rows, device=token.device)
-        buffers = (*fwd.cache[0], *fwd.cache[1], routing_out, fwd.rope, fwd.slots)
+        fwd, moe = engine.forward_pass, engine.forward_pass.moe
+        if engine.cfg.is_moe and (moe.slots is None or moe.slots.numel() < rows):
+            moe.slots = torch.arange(rows, device=token.device)
+        buffers = (*fwd.cache[0], *fwd.cache[1], routing_out, fwd.rope, moe.slots)
         if {id(b) for b in buffers} - marked:  # new buffers: a new batch size or length
             mark_static([*engine_tensors(engine), routing_out])
             marked.update(id(b) for b in buffers)

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from lab.experiments.rights import NotAllowed
-from lab.runs.lifecycle import InvalidState
+from lab.runs.lifecycle import IdempotencyConflict, InvalidState
 from trainer.errors import FieldError
 
 logger = logging.getLogger("lab.api")
@@ -55,6 +55,10 @@ def json_exception_handler(exc, context):
         return error_response({"__all__": [str(exc)]}, status.HTTP_403_FORBIDDEN, str(exc))
     if isinstance(exc, InvalidState):
         return error_response({"__all__": [str(exc)]}, status.HTTP_409_CONFLICT, str(exc))
+    if isinstance(exc, IdempotencyConflict):
+        return error_response(
+            {"Idempotency-Key": [str(exc)]}, status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -98,6 +98,12 @@ class Run(models.Model):
     )
     max_attempts = models.PositiveSmallIntegerField(default=3)
     cancel_requested = models.BooleanField(default=False)
+    paused = models.BooleanField(
+        default=False,
+        help_text="Held out of the queue (its sweep was paused): no worker claims it, and a "
+        "training run stops at a checkpoint and comes back queued and paused, its attempt "
+        "given back; resuming queues it where its priority and age put it (lab.runs.bulk).",
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
@@ -137,6 +143,14 @@ class Run(models.Model):
     total_steps = models.IntegerField()
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    field_errors = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The config fields a failed run was refused on where it was to train "
+        "(the trainer's exit code 2, or the worker's check of its paths): {dotted path: "
+        "[messages]}. Such a run is cloned and fixed (the run form shows them at their "
+        "fields), never requeued: it would fail the same way.",
+    )
     run_dir = models.CharField(max_length=500, blank=True)
     origin = models.CharField(
         max_length=16,
@@ -182,6 +196,15 @@ class Run(models.Model):
     @property
     def is_external(self) -> bool:
         return self.origin == RunOrigin.EXTERNAL
+
+    @property
+    def failed_on_config(self) -> bool:
+        return self.status == RunStatus.FAILED and bool(self.field_errors)
+
+    @property
+    def waits_paused(self) -> bool:
+        """Queued but held back: no worker claims it until it is resumed."""
+        return self.paused and self.status == RunStatus.QUEUED
 
     @property
     def is_active(self) -> bool:
