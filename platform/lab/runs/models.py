@@ -123,7 +123,9 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
-    current_step = models.IntegerField(default=0, help_text="Steps whose metrics are stored.")
+    current_step = models.BigIntegerField(
+        default=0, help_text="Steps whose metrics are stored (the last step + 1)."
+    )
     phase = models.CharField(
         max_length=16,
         blank=True,
@@ -135,12 +137,12 @@ class Run(models.Model):
         blank=True,
         help_text="The trainer's progress.json: warmstart/step, accuracy, target, eta_s, cached.",
     )
-    metric_chunks_sealed = models.PositiveIntegerField(
+    metric_chunks_sealed = models.PositiveBigIntegerField(
         default=0,
         help_text="Leading chunks of CHUNK_STEPS steps whose metrics are kept as columns "
         "(MetricColumn); steps from chunk number metric_chunks_sealed on are read from rows.",
     )
-    total_steps = models.IntegerField()
+    total_steps = models.BigIntegerField()
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     field_errors = models.JSONField(
@@ -233,7 +235,7 @@ class MetricStep(models.Model):
     """All metrics of one step of one run: {"reward/accuracy": 0.4, "experts/load/L0": [...]}."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_steps")
-    step = models.IntegerField()
+    step = models.BigIntegerField()  # an external run's steps reach 2^53 - 1 (tracking/payload.py)
     values = models.JSONField()
 
     class Meta:
@@ -275,7 +277,7 @@ class MetricColumn(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_columns")
     key = models.CharField(max_length=200, blank=True)
-    chunk = models.PositiveIntegerField()
+    chunk = models.PositiveBigIntegerField()
     steps = models.BinaryField()
     values = models.BinaryField()
 
@@ -332,7 +334,7 @@ class CheckpointExport(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
-    step = models.IntegerField(help_text="RL steps of the checkpoint exported.")
+    step = models.BigIntegerField(help_text="RL steps of the checkpoint exported.")
     dtype = models.CharField(max_length=16, default="float32")
     status = models.CharField(
         max_length=16, choices=ExportStatus.choices, default=ExportStatus.QUEUED
