@@ -51,6 +51,7 @@ TRAINER_CONTRACT = frozenset(
         "trainer.analysis.intervals",
         "trainer.analysis.power",
         "trainer.analysis.survival",
+        "trainer.analysis.run_record",
         "trainer.analysis.collapse",
         "trainer.config",
         "trainer.errors",

@@ -44,11 +44,22 @@ from trainer.hf.files import INDEX_FILE, SINGLE_FILE
 
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 # A header larger than this is not a real checkpoint's (safetensors caps it at 100 MB).
 MAX_HEADER_BYTES = 100 * 1024**2
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -17,9 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig
-from trainer.model.activations import gated_hidden
-from trainer.model.dispatch import Dispatch, expert_counts, resolve_backend
-from trainer.model.expert_parallel import run_on_owners
 from trainer.model.layers import (
     apply_rotary,
     attention_bias_mask,
@@ -31,7 +28,7 @@ from trainer.model.layers import (
     sink_attention,
 )
 from trainer.model.mla import mla_softmax_scale
-from trainer.model.routing import affinities, choice_scores, gate_weights, select_experts
+from trainer.rollout.experts import EngineMoE, swiglu
 from trainer.rollout.mla import latent_cache_shape, latent_output, latent_rows
 from trainer.rollout.router_noise import RouterNoise
 from trainer.rollout.weights import EngineLayer, EngineWeights
@@ -56,8 +53,7 @@ class EngineForward:
         self.weights = weights
         self.num = weights.num
         self.device = weights.device
-        self.moe_backend = moe_backend
-        self.router_noise = router_noise
+        self.moe = EngineMoE(cfg, weights, moe_backend, router_noise)
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.resolved_n_kv_heads
         self.head_dim = cfg.resolved_head_dim
@@ -79,31 +75,35 @@ class EngineForward:
             self.rotary_dim, cfg.rope_theta, cfg.rope_scaling
         )
         self.inv_freq = inv_freq.to(self.device)
-        # Kept between calls: (keys, values) cache buffers, the (S, 2, hd) rotary
-        # table, the dispatch's slot index (static_decode marks them static).
-        self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Kept between calls: (keys, values) cache buffers, one tensor per layer each,
+        # the (S, 2, hd) rotary table (static_decode marks them static).
+        self.cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.rope: torch.Tensor | None = None
-        self.slots: torch.Tensor | None = None
 
     def static_cache(self, batch: int, length: int):
-        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls.
+        """Preallocated key and value buffers, one (B, Hkv, S, hd) tensor per layer
+        each, reused across calls.
 
-        Latent attention caches one (L, B, 1, S, r + d_r) buffer of latent rows; its
-        values are a view of the rows' first r columns (``trainer.rollout.mla``)."""
+        Latent attention caches one (B, 1, S, r + d_r) buffer of latent rows per
+        layer; its values are a view of the rows' first r columns
+        (``trainer.rollout.mla``). One tensor per layer, not one (L, ...) stack: a
+        compiled step writes layer i's column in place (``index_copy_``), and
+        inductor turns an in-place write into a view of a graph input into a copy
+        of the whole input and a copy back (its generated code for the stacked
+        cache copied the whole cache every step); a write into a whole input it
+        keeps in place, as transformers' StaticCache (one tensor per layer) relies on."""
         if self.cfg.mla.enabled:
-            shape = latent_cache_shape(self.cfg, batch, length)
+            shape = latent_cache_shape(self.cfg, batch, length)[1:]
         else:
-            shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
-        if (
-            self.cache is None
-            or self.cache[0].shape[:2] != shape[:2]
-            or (self.cache[0].shape[3] < length)
-        ):
-            keys = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+            shape = (batch, self.n_kv_heads, length, self.head_dim)
+        cache = self.cache
+        if cache is None or cache[0][0].shape[0] != batch or cache[0][0].shape[2] < length:
+            keys = [torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                    for _ in range(self.cfg.n_layers)]  # fmt: skip
             if self.cfg.mla.enabled:
-                values = keys[..., : self.cfg.mla.kv_lora_rank]
+                values = [k[..., : self.cfg.mla.kv_lora_rank] for k in keys]
             else:
-                values = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                values = [torch.empty_like(k) for k in keys]
             self.cache = (keys, values)
         return self.cache
 
@@ -174,111 +174,6 @@ class EngineForward:
             k = self.num.round_(self._norm(k, layer.k_norm))
         return q, k, v
 
-    def _swiglu(
-        self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
-    ) -> torch.Tensor:
-        """Dense SwiGLU as the trainer's (three plain linears, the faster layout)."""
-        gate, up = self.num.linear(x, w_gate), self.num.linear(x, w_up)
-        return self.num.linear(self.num.round_(F.silu(gate).mul_(up)), w_down)
-
-    def _dispatch(self, top: torch.Tensor, n_experts: int) -> Dispatch:
-        """Assignments (N, k) sorted by expert: the same order as
-        ``Dispatch.from_indices`` (a stable sort by expert id keeps the slot
-        order within an expert) in fewer ops."""
-        flat = top.view(-1)
-        n = flat.numel()
-        if self.slots is None or self.slots.numel() < n:
-            self.slots = torch.arange(n, device=flat.device)
-        slots = self.slots[:n]
-        order = torch.argsort(flat, stable=True)
-        # Counts by search in the sorted ids: bincount syncs on CUDA.
-        counts, offsets = expert_counts(flat.index_select(0, order), n_experts)
-        return Dispatch(
-            order=order,
-            inverse=torch.empty_like(order).scatter_(0, order, slots),
-            token=order.div(top.shape[-1], rounding_mode="floor"),
-            counts=counts,
-            offsets=offsets,
-        )
-
-    def _moe(self, x: torch.Tensor, layer: EngineLayer) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (N, D) stored activations -> (y (N, D), natural top-k (N, k))."""
-        num = self.num
-        # Router input is the stored (half) activation; logits come out of a
-        # half GEMM, then temperature and softmax in fp32.
-        logits = num.linear(x, layer.router, fp8=False).float()
-        if layer.router_bias is not None:
-            logits = logits + layer.router_bias
-        if layer.has_temperature:
-            logits = logits / layer.router_temperature
-        # The router's formulas are the training model's (trainer.model.routing).
-        rc = self.cfg.router
-        scores = affinities(logits, rc.score)
-        perturb = None
-        if self.router_noise is not None:
-            # Only the choice moves; the gates below read the unperturbed scores.
-            def perturb(choice: torch.Tensor) -> torch.Tensor:
-                return self.router_noise.perturb(choice, x, layer.moe_index)
-
-        bias = layer.selection_bias if layer.has_selection_bias else None
-        top = select_experts(
-            choice_scores(logits, bias, rc.score, perturb),
-            self.cfg.top_k,
-            rc.n_groups,
-            rc.topk_groups,
-            rc.group_score,
-        )
-        gates = gate_weights(scores, top, self.cfg.norm_topk_prob, rc.score, rc.scaling)
-
-        shard = self.weights.expert_shard
-        dispatch = self._dispatch(top, shard.n_experts if shard else layer.router.shape[0])
-        xs = num.expert_input(x.index_select(0, dispatch.token))
-        # Resolved on the rows the expert GEMMs get: under fp8 with emulated experts
-        # they are fp32 even where the engine stores bf16 (trainer.rollout.numerics).
-        backend = resolve_backend(self.moe_backend, xs)
-
-        ffn = self.cfg.expert_ffn
-        plain = ffn.activation == "swiglu"
-
-        def experts(rows: torch.Tensor, groups: Dispatch) -> torch.Tensor:
-            gate_up = num.expert_linear(rows, layer.experts_gate_up, groups, backend)
-            row_expert = None
-            if layer.experts_gate_up_bias is not None:  # GPT-OSS
-                row_expert = groups.row_experts(rows.shape[0])
-                gate_up = num.round_(gate_up + layer.experts_gate_up_bias[row_expert])
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate).mul_(up) if plain else gated_hidden(gate, up, ffn)
-            out = num.expert_linear(
-                num.expert_input(num.round_(act)), layer.experts_down, groups, backend
-            )
-            if row_expert is not None:
-                out = num.round_(out + layer.experts_down_bias[row_expert])
-            return out
-
-        ys = (
-            experts(xs, dispatch)
-            if shard is None
-            else run_on_owners(xs, dispatch.counts, shard, experts)
-        )
-        n, k = top.shape
-        per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
-        # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
-        # the same bits as the training layer's (1, k) @ (k, D) bmm (no fused
-        # multiply-add there either) at a third of the cost for small batches;
-        # half-precision storage keeps the bmm and its fp32 accumulation.
-        if ys.dtype == torch.float32:
-            y = (gates[:, :, None] * per_token).sum(1)
-        else:
-            y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
-        if layer.shared_gate is not None:
-            shared = self._swiglu(x, layer.shared_gate, layer.shared_up, layer.shared_down)
-            if layer.shared_expert_gate is not None:
-                shared = num.round_(
-                    torch.sigmoid(num.linear(x, layer.shared_expert_gate, fp8=False)) * shared
-                )
-            y = y + shared
-        return num.round_(y), top
-
     def _latent_prefill(self, layer, h, rope, cache, cache_start, i, mask4d) -> torch.Tensor:
         """Latent attention over new tokens h (B, T, D) (``trainer.rollout.mla``): their
         latent rows written to the cache at [cache_start, cache_start + T) when there is
@@ -287,14 +182,17 @@ class EngineForward:
         keys = rows
         if cache is not None:
             end = cache_start + rows.shape[2]
-            cache[0][i, :, :, cache_start:end] = rows
-            keys = cache[0][i, :, :, :end]
+            cache[0][i][:, :, cache_start:end] = rows
+            keys = cache[0][i][:, :, :end]
         values = keys[..., : self.cfg.mla.kv_lora_rank]
         # Multi-query attention over the latent: one key/value head for the H queries.
         attended = F.scaled_dot_product_attention(
-            query, keys.expand(-1, self.n_heads, -1, -1), values.expand(-1, self.n_heads, -1, -1),
-            attn_mask=mask4d, scale=self.attn_scale,
-        )  # fmt: skip
+            query,
+            keys.expand(-1, self.n_heads, -1, -1),
+            values.expand(-1, self.n_heads, -1, -1),
+            attn_mask=mask4d,
+            scale=self.attn_scale,
+        )
         return latent_output(self, layer.mla, self.num.round_(attended))
 
     def forward(
@@ -343,9 +241,9 @@ class EngineForward:
                     q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
                 if cache is not None:
                     end = cache_start + t
-                    cache[0][i, :, :, cache_start:end] = k
-                    cache[1][i, :, :, cache_start:end] = v
-                    k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+                    cache[0][i][:, :, cache_start:end] = k
+                    cache[1][i][:, :, cache_start:end] = v
+                    k, v = cache[0][i][:, :, :end], cache[1][i][:, :, :end]
                 k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
                 y = num.round_(_attention(q, k, v, mask_i, layer.sinks))
                 y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
@@ -353,13 +251,13 @@ class EngineForward:
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
-                y, top = self._moe(h.view(b * t, d), layer)
+                y, top = self.moe(h.view(b * t, d), layer)
                 y = y.view(b, t, d)
                 if routing_out is not None:
                     routing_out[moe_i] = top.view(b, t, -1)
                 moe_i += 1
             else:
-                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+                y = swiglu(self.num, h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
         h = num.round_(self._norm(x if all_positions else x[:, -1], self.weights.norm_f))
         return num.linear(h, self.weights.lm_head, fp8=False).float()
@@ -413,8 +311,8 @@ class EngineForward:
         for the natural top-k, or None. Returns fp32 logits (B, V).
 
         The cache is read up to column ``col`` (a slice that grows per token);
-        ``trainer.rollout.static_decode`` runs the same loop over the whole
-        cache width for a compiler or a CUDA graph.
+        ``trainer.rollout.static_decode`` runs the same loop over a fixed-width
+        bucket of the cache for a compiler or a CUDA graph.
         """
         keys, values = self.cache
         end = col + 1
@@ -425,10 +323,10 @@ class EngineForward:
             slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
 
         def kv(i: int, k: torch.Tensor, v: torch.Tensor):
-            keys[i, :, :, col] = k
-            values[i, :, :, col] = v
+            keys[i][:, :, col] = k
+            values[i][:, :, col] = v
             bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
-            return keys[i, :, :, :end], values[i, :, :, :end], bias
+            return keys[i][:, :, :end], values[i][:, :, :end], bias
 
         def store_routing(moe_i: int, top: torch.Tensor) -> None:
             routing_out[moe_i] = top
@@ -489,12 +387,12 @@ class EngineForward:
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
-                y, top = self._moe(h, layer)
+                y, top = self.moe(h, layer)
                 if store_routing is not None:
                     store_routing(moe_i, top)
                 moe_i += 1
             else:
-                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+                y = swiglu(self.num, h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
         h = num.round_(self._norm(x, self.weights.norm_f))
         return num.linear(h, self.weights.lm_head, fp8=False).float()

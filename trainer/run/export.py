@@ -55,6 +55,11 @@ def export_run(
     vocab_size = int(policy["tok_emb.weight"].shape[0])
     builtin_tokenizer = "byte" if cfg.task.name == "text" else "char"
     return export_hf(
-        policy, cfg.model, vocab_size, out, dtype, replace=replace,
+        policy,
+        cfg.model,
+        vocab_size,
+        out,
+        dtype,
+        replace=replace,
         builtin_tokenizer=builtin_tokenizer,
-    )  # fmt: skip
+    )

@@ -18,7 +18,7 @@ SIGTERM finishes the current step, checkpoints and ends with status cancelled
 
 Started by torchrun (run.gpus > 1), every rank runs this loop on its share of
 the step's prompts and every statistic is reduced over the ranks; rank 0 alone
-writes the run folder (trainer/distributed.py, docs/distributed.md).
+writes the run folder (trainer/distributed/, docs/distributed.md).
 The trainer holds the run folder's lock for its whole life and, under a
 supervisor, stops without a checkpoint once its lease expires
 (trainer/run_folder/guard.py).
@@ -39,7 +39,7 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
-from trainer.analysis.survival import GAP_STEPS
+from trainer.analysis.run_record import GAP_STEPS
 from trainer.config import ExperimentConfig
 from trainer.devices.run_mode import numerics_mode, phase_clock
 from trainer.distributed import (
@@ -129,7 +129,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     # torchrun's ranks join one process group; without torchrun this is SINGLE.
     dist = init_distributed(
-        cfg.run.ranks,
+        cfg.run.world_size,
         resolve_device(cfg.run.device),
         cfg.parallel.strategy,
         cfg.parallel.timeout_s,
@@ -140,10 +140,18 @@ def train(
         quiet = None if dist.is_main else open(os.devnull, "w")  # noqa: SIM115
         progress = Progress(cfg.run.steps, stream=quiet)
         inv = Invocation(
-            cfg, run_dir, resume, stop_after, StopFlag(), progress,
+            cfg,
+            run_dir,
+            resume,
+            stop_after,
+            StopFlag(),
+            progress,
             (log or progress.message) if dist.is_main else progress.message,
-            time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
-        )  # fmt: skip
+            time.perf_counter(),
+            lease or Lease(None, 0),
+            dist,
+            stop_at,
+        )
         inv.stop.install()
         finished = False
         try:
@@ -372,7 +380,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     lr = lr_at(step, cfg.run.steps, cfg.optim)
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
     metrics.update(ctx.updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
-    stabilizers.end_step(step)
+    metrics.update(stabilizers.end_step(step))
     t_train = phase_clock(device)
 
     # Sums and counts over every rank's samples (a rank's mean weighs its rows).

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.analysis.collapse import CollapseDetector
-from trainer.analysis.survival import mean_gap
+from trainer.analysis.run_record import mean_gap
 from trainer.config import ExperimentConfig
 from trainer.devices.environment import environment_record
 from trainer.devices.mps import mps_active

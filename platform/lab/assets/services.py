@@ -66,10 +66,16 @@ def register_model(*, owner, name: str, path: str, description: str = "") -> Reg
     description = clean_text("description", description, max_length=5000, multiline=True)
     facts = inspect_checkpoint(path)
     fields = dict(
-        name=name, path=path, family=facts.family, model_fields=facts.model_fields,
-        total_params=facts.total_params, active_params=facts.active_params,
-        vocab_size=facts.vocab_size, description=description, owner=owner,
-    )  # fmt: skip
+        name=name,
+        path=path,
+        family=facts.family,
+        model_fields=facts.model_fields,
+        total_params=facts.total_params,
+        active_params=facts.active_params,
+        vocab_size=facts.vocab_size,
+        description=description,
+        owner=owner,
+    )
     if facts.weight_bytes > settings.LAB_MODEL_INLINE_BYTES:
         model = _create(RegisteredModel, status=DatasetStatus.CHECKING, **fields)
         transaction.on_commit(lambda: _publish_check(CHECK_MODEL_TASK, RegisteredModel, model.pk))
@@ -123,10 +129,15 @@ def register_dataset(
         raise FieldError([("verifier", f"choose one of: {', '.join(Verifier.values)}")])
     description = clean_text("description", description, max_length=5000, multiline=True)
     fields = dict(
-        name=name, path=path, prompt_field=prompt_field, answer_field=answer_field,
-        prompt_template=prompt_template, verifier=verifier, description=description,
+        name=name,
+        path=path,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        prompt_template=prompt_template,
+        verifier=verifier,
+        description=description,
         owner=owner,
-    )  # fmt: skip
+    )
     if _file_size(path) > settings.LAB_DATASET_INLINE_BYTES:
         dataset = _create(RegisteredDataset, status=DatasetStatus.CHECKING, **fields)
         transaction.on_commit(
@@ -180,9 +191,12 @@ def check_dataset(dataset_id: int) -> str:
         return "skipped"
     try:
         facts = inspect_dataset(
-            dataset.path, dataset.prompt_field, dataset.answer_field,
-            dataset.prompt_template, dataset.verifier,
-        )  # fmt: skip
+            dataset.path,
+            dataset.prompt_field,
+            dataset.answer_field,
+            dataset.prompt_template,
+            dataset.verifier,
+        )
     except FieldError as exc:
         message = "; ".join(f"{path}: {text}" for path, text in exc.errors)
         RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
@@ -190,9 +204,12 @@ def check_dataset(dataset_id: int) -> str:
         )
         return DatasetStatus.FAILED
     RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
-        status=DatasetStatus.READY, rows=facts.rows, problems=facts.problems,
-        skipped=facts.skipped, error="",
-    )  # fmt: skip
+        status=DatasetStatus.READY,
+        rows=facts.rows,
+        problems=facts.problems,
+        skipped=facts.skipped,
+        error="",
+    )
     log.info("dataset %s checked: %s problems of %s rows", dataset_id, facts.problems, facts.rows)
     return DatasetStatus.READY
 

@@ -118,6 +118,9 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "lab.api.middleware.PayloadLimitMiddleware",
     "lab.api.middleware.QueryTextMiddleware",
+    # Listed early so its process_exception runs last: a view that cannot reach the
+    # database answers 503 + Retry-After, after every other handler declined.
+    "lab.api.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -14,10 +14,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from lab.api.middleware import RETRY_AFTER_S
 from lab.experiments.models import Experiment
 from lab.runs.models import Run, RunOrigin
 from lab.tracking import payload, services
@@ -58,11 +59,13 @@ def endpoint(*methods: str) -> Callable[[Handler], Callable[[HttpRequest], JsonR
                 return JsonResponse(handler(request, user, body))
             except MlflowError as exc:
                 return exc.response()
-            except OperationalError as exc:
+            except (OperationalError, InterfaceError) as exc:
                 log.warning("tracking %s: database busy: %s", request.path, exc)
-                return MlflowError(
-                    TEMPORARILY_UNAVAILABLE, "the database is busy; retry"
+                response = MlflowError(
+                    TEMPORARILY_UNAVAILABLE, "the database is busy or unreachable; retry"
                 ).response()
+                response["Retry-After"] = str(RETRY_AFTER_S)
+                return response
             except Exception:
                 log.exception("tracking %s failed", request.path)
                 return MlflowError(
