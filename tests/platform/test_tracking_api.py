@@ -420,26 +420,31 @@ def test_the_queue_and_the_lab_actions_leave_an_external_run_alone(ml, exp_id, u
 
 
 def test_metric_history_returns_each_step_as_logged(ml, exp_id):
-    """GetMetricHistory: the series under the name as logged, one point per step (the
-    later timestamp's value), paged; a mapped name (verl's) and one expert's load
-    share (a slot of the layer's vector) read back as logged; a never-logged name has
-    no points; a missing key is MLflow's INVALID_PARAMETER_VALUE."""
+    """GetMetricHistory: every point under the name as logged, each with its own step and
+    timestamp (two at one step both; the lab's step row keeps the later), in MLflow's
+    order (timestamp, step, value), paged; a retried batch adds nothing; a mapped name
+    (verl's) and one expert's load share (a slot of the layer's vector) read back as
+    logged; a never-logged name has no points; a missing key is MLflow's
+    INVALID_PARAMETER_VALUE."""
     run_id = ml.run(exp_id, "hist")
-    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+    batch = {"run_id": run_id, "metrics": [
         _metric("loss", 1.5, 0, ts=10), _metric("loss", 1.2, 1, ts=20),
         _metric("loss", 1.1, 1, ts=30), _metric("loss", "NaN", 2, ts=40),
         _metric("rollout_corr/kl", 0.25, 0), _metric("experts/load/L0/e1", 0.4, 0),
-    ]})  # fmt: skip
+    ]}  # fmt: skip
+    ml.ok("POST", "runs/log-batch", batch)
+    ml.ok("POST", "runs/log-batch", batch)  # a client retrying
     history = ml.ok("GET", "metrics/get-history", {"run_id": run_id, "metric_key": "loss"})
-    points = [(m["step"], m["value"]) for m in history["metrics"]]
-    assert points == [(0, 1.5), (1, 1.1), (2, "NaN")]
-    assert history["metrics"][-1]["timestamp"] == 40 and "next_page_token" not in history
+    points = [(m["step"], m["value"], m["timestamp"]) for m in history["metrics"]]
+    assert points == [(0, 1.5, 10), (1, 1.2, 20), (1, 1.1, 30), (2, "NaN", 40)]
+    assert "next_page_token" not in history
+    assert _series(run_id, ["loss"]).series["loss"][1][1] == 1.1  # the step's row: the later
     first = ml.ok("GET", "metrics/get-history",
                   {"run_id": run_id, "metric_key": "loss", "max_results": 2})  # fmt: skip
     assert len(first["metrics"]) == 2 and first["next_page_token"] == "2"
     rest = ml.ok("GET", "metrics/get-history", {"run_id": run_id, "metric_key": "loss",
                                                  "page_token": first["next_page_token"]})  # fmt: skip
-    assert [m["step"] for m in rest["metrics"]] == [2]
+    assert [m["step"] for m in rest["metrics"]] == [1, 2]
     mapped = ml.ok(
         "GET", "metrics/get-history", {"run_id": run_id, "metric_key": "rollout_corr/kl"}
     )

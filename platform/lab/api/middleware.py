@@ -7,6 +7,13 @@ from django.http import HttpResponseBadRequest, JsonResponse
 
 from lab.text import forbidden_character
 
+# Artifact uploads stream to the artifact store under their own bound
+# (LAB_MAX_ARTIFACT_BYTES, lab/tracking/artifact_store.py).
+ARTIFACT_UPLOAD_PREFIXES = (
+    "/api/2.0/mlflow-artifacts/artifacts/",
+    "/ajax-api/2.0/mlflow-artifacts/artifacts/",
+)
+
 
 class PayloadLimitMiddleware:
     def __init__(self, get_response):
@@ -18,6 +25,8 @@ class PayloadLimitMiddleware:
         except ValueError:
             length = 0
         limit = settings.LAB_MAX_PAYLOAD_BYTES
+        if request.method == "PUT" and request.path.startswith(ARTIFACT_UPLOAD_PREFIXES):
+            return self.get_response(request)
         if length > limit:
             return JsonResponse(
                 {
