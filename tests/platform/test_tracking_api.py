@@ -5,52 +5,16 @@ vectors, status mapping and collapse detection when a run ends."""
 from __future__ import annotations
 
 import base64
-import json
 
 import pytest
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
+from mlflow_rest import Mlflow
 
 from lab.runs.metrics.read import metric_series_many
 from lab.runs.models import MetricStep, Run
 from lab.tracking.models import TrackedRun
-
-API = "/api/2.0/mlflow"
-
-
-class Mlflow:
-    """A minimal MLflow REST caller with a lab token."""
-
-    def __init__(self, user):
-        self.client = Client()
-        self.auth = f"Bearer {Token.objects.get_or_create(user=user)[0].key}"
-
-    def call(self, method: str, route: str, body=None, *, auth: str | None = "default"):
-        headers = (
-            {} if auth is None else {"HTTP_AUTHORIZATION": self.auth if auth == "default" else auth}
-        )
-        if method == "GET":
-            resp = self.client.get(f"{API}/{route}", body or {}, **headers)
-        else:
-            raw = body if isinstance(body, str | bytes) else json.dumps(body or {})
-            resp = self.client.post(
-                f"{API}/{route}", raw, content_type="application/json", **headers
-            )
-        return resp.status_code, resp.json()
-
-    def ok(self, method: str, route: str, body=None):
-        code, data = self.call(method, route, body)
-        assert code == 200, (code, data)
-        return data
-
-    def run(self, experiment_id: str, name: str = "r", tags=None) -> str:
-        data = self.ok("POST", "runs/create", {
-            "experiment_id": experiment_id, "run_name": name, "start_time": 1,
-            "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()],
-        })  # fmt: skip
-        return data["run"]["info"]["run_id"]
 
 
 @pytest.fixture

@@ -51,7 +51,12 @@ def store_points(
             stored_key = stored_keys[p.key] = metric_map.lab_key(p.key, framework)
             if stored_key != p.key:
                 tracked.stored_as[p.key] = stored_key
-        slot_key = (p.step if lab_step is None else lab_step(p.key, p.step), stored_key)
+        step = (
+            p.step + metric_map.step_shift(framework, p.key)
+            if lab_step is None
+            else lab_step(p.key, p.step)
+        )
+        slot_key = (step, stored_key)
         if slot_key not in chosen or p.timestamp >= chosen[slot_key].timestamp:
             chosen[slot_key] = p
         latest = tracked.latest_metrics.get(p.key)
@@ -87,7 +92,8 @@ def merge_into_steps(run: Run, by_step: dict[int, dict[str, Any]]) -> None:
     model = run.config.setdefault("model", {})
     keys = {key for values in by_step.values() for key in values}
     slots = {key: metric_map.vector_slot(key) for key in keys}
-    learn_moe_layers(model, {slot[0] for slot in slots.values() if slot is not None})
+    whole = {k for k in keys if k.startswith(mk.EXPERTS_LOAD_PREFIX)}  # a layer's vector
+    learn_moe_layers(model, {slot[0] for slot in slots.values() if slot is not None} | whole)
     rows = []
     for step, values in by_step.items():
         before = existing.get(step)
@@ -96,6 +102,8 @@ def merge_into_steps(run: Run, by_step: dict[int, dict[str, Any]]) -> None:
             slot = slots[key]
             if slot is None:
                 merged[key] = value
+                if key in whole and isinstance(value, list):
+                    model["n_experts"] = max(int(model.get("n_experts") or 0), len(value))
                 continue
             vector_key, index = slot
             vector = list(merged.get(vector_key) or [])

@@ -39,14 +39,14 @@ from django.utils import timezone
 
 from lab.experiments.rights import can_queue
 from lab.runs.metrics.columns import chunk_of
-from lab.runs.metrics.seal import lock_run, seal_metrics
+from lab.runs.metrics.seal import lock_run, seal_metrics, unseal_from
 from lab.runs.models import FINAL_STATUSES, MetricStep, Run, RunOrigin, RunStatus
 from lab.tracking import metric_map
 from lab.tracking.errors import PERMISSION_DENIED, MlflowError, invalid, missing
 from lab.tracking.experiments import get_experiment, parse_id
 from lab.tracking.models import TrackedRun
 from lab.tracking.payload import Point
-from lab.tracking.points import store_points
+from lab.tracking.points import merge_into_steps, store_points
 from trainer import metric_keys as mk
 from trainer.analysis.collapse import detect_from_rows
 from trainer.config import CollapseConfig
@@ -295,6 +295,52 @@ def log_outputs(*, user, run_id: Any, models: list[dict[str, Any]]) -> None:
             if entry not in tracked.outputs:
                 tracked.outputs.append(entry)
         tracked.save(update_fields=["outputs"])
+
+
+def log_vectors(*, user, run_id: Any, by_step: dict[int, dict[str, list]]) -> None:
+    """Whole vectors into the run's step rows (an imported histogram's expert loads or
+    distribution: tracking/tensorboard.py)."""
+    with transaction.atomic():
+        run, _ = _locked_for_write(user, run_id)
+        merge_into_steps(run, by_step)
+        run.save(update_fields=["config", "current_step", "total_steps", "metric_chunks_sealed"])
+
+
+def forget_metrics(*, user, run_id: Any, names: list[str]) -> None:
+    """Take the values stored for these logged names out of the run's step rows (their
+    points stay as logged): an import re-reads them onto other steps. Rows left empty
+    go; the run's columns are rebuilt from the rows when it is sealed again."""
+    with transaction.atomic():
+        run, tracked = _locked_for_write(user, run_id)
+        keys = {tracked.stored_as.get(n, n) for n in names}
+        changed, emptied = [], []
+        for row in MetricStep.objects.filter(run_id=run.pk).order_by("step"):
+            if keys & set(row.values):
+                row.values = {k: v for k, v in row.values.items() if k not in keys}
+                (changed if row.values else emptied).append(row)
+        MetricStep.objects.bulk_update(changed, ["values"], batch_size=500)
+        MetricStep.objects.filter(pk__in=[r.pk for r in emptied]).delete()
+        if changed or emptied:
+            unseal_from(run.pk, 0)
+        run.current_step = MetricStep.objects.filter(run_id=run.pk).count()
+        run.save(update_fields=["current_step"])
+
+
+def set_source(*, user, run_id: Any, **fields: Any) -> None:
+    """Add facts about where the run came from (``Run.source``)."""
+    with transaction.atomic():
+        run, _ = _locked_for_write(user, run_id)
+        run.source = {**run.source, **fields}
+        run.save(update_fields=["source"])
+
+
+def set_import_notes(*, user, run_id: Any, notes: list[dict[str, Any]]) -> None:
+    """What an import could not store, one line per tag with the reason."""
+    with transaction.atomic():
+        _, tracked = _locked_for_write(user, run_id)
+        if tracked.import_notes != notes:
+            tracked.import_notes = notes
+            tracked.save(update_fields=["import_notes"])
 
 
 def _input_key(entry: Mapping[str, Any]) -> tuple:

@@ -11,11 +11,13 @@ from lab.tracking.http import endpoint, run_id_of
 
 @endpoint("POST")
 def tensorboard_import(request, user, body):
-    """``{"experiment_id", "path", "run_name", "framework", "run_id", "final"}``: read the
+    """``{"experiment_id", "path", "run_name", "framework", "run_id", "final",
+    "steps_per_rollout"}``: read the
     event files in ``path`` (inside LAB_ASSET_ROOTS) into a new external run, or into
     ``run_id`` again (a folder still being written: only what is new is added).
     ``final`` (default true) marks the run finished; false leaves it running for the
-    next call."""
+    next call. ``steps_per_rollout``: slime's train steps per rollout (default: inferred).
+    The answer lists what was not imported (text, images, ...) with the reason."""
     from pathlib import Path
 
     from lab.assets.roots import check_path
@@ -34,11 +36,14 @@ def tensorboard_import(request, user, body):
         raise invalid(
             f"Invalid value for parameter 'framework': one of {', '.join(services.metric_map.FRAMEWORKS)}"
         )
+    steps_per_rollout = payload.integer(body, "steps_per_rollout", lo=1, hi=100000)
     final = body.get("final", True)
     if not isinstance(final, bool):
         raise invalid("Invalid value for parameter 'final': true or false")
     if body.get("run_id") not in (None, ""):
-        job = TensorBoardImport.resume(services.get_run(run_id_of(body))[0].pk, folder)
+        job = TensorBoardImport.resume(
+            services.get_run(run_id_of(body))[0].pk, folder, steps_per_rollout
+        )
     else:
         job = TensorBoardImport.start(
             user=user,
@@ -48,7 +53,13 @@ def tensorboard_import(request, user, body):
                 body, "run_name", max_length=payload.MAX_RUN_NAME_LENGTH, required=False
             ),
             framework=framework,
+            steps_per_rollout=steps_per_rollout,
         )
     points = job.poll(user)
     run = job.finish(user) if final else job.run
-    return {"run_id": str(run.pk), "points": points, "status": run.status}
+    return {
+        "run_id": str(run.pk),
+        "points": points,
+        "status": run.status,
+        "not_imported": job.tracked.import_notes,
+    }
