@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# UP_ARGS passes options to manage.py lab_up, e.g. `make up UP_ARGS=--check`
+# (CI: start, let a demo run train, stop, and check the stop).
 up: $(STAMP)
-	$(BIN)/python manage.py lab_up
+	$(BIN)/python manage.py lab_up $(UP_ARGS)
 
 test: $(STAMP)
 	scripts/ensure-test-deps

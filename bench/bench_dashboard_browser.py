@@ -58,7 +58,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
 from trainer import metric_keys as mk  # noqa: E402
 
-# The ten metrics: charts of the compare page (dashboard/panels.py run_sections()).
+# The ten metrics: charts of the compare page (dashboard/charts/panels.py run_sections()).
 METRICS = (
     mk.REWARD_MEAN,
     mk.REWARD_ACCURACY,

@@ -56,7 +56,7 @@ from bench.common import (
 from bench.step_clock import PHASES, read_rank_files
 from trainer import metric_keys as K
 from trainer.launch import launch_command
-from trainer.run.files import read_metrics
+from trainer.run_folder.files import read_metrics
 
 WALL_PHASES = {
     "rollout": K.TIME_ROLLOUT_S,

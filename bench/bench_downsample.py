@@ -2,9 +2,9 @@
 
 The compare page: 20 runs x 2,000 steps
 x 10 metrics, one chart per metric with all runs overlaid. For each chart the
-server downsamples every run's series (lab/runs/metrics/downsample.py), builds the
-figure (dashboard/figures/lines.py metric_lines) and encodes the live-update JSON
-(dashboard/export.py figure_payload). Targets: under 300 ms for all ten
+server downsamples every run's series (dashboard/charts/downsample.py), builds the
+figure (dashboard/charts/figures/lines.py metric_lines) and encodes the live-update JSON
+(dashboard/charts/export.py figure_payload). Targets: under 300 ms for all ten
 charts, under 2 MB of JSON in all.
 
 Also reported: the same series as plain JSON lists (what a REST client of
@@ -31,10 +31,10 @@ import numpy as np
 from tsdownsample import MinMaxDownsampler
 
 from bench.common import run_rounds
-from dashboard.export import figure_payload
-from dashboard.figures import metric_lines
-from dashboard.style import assign_colors
-from lab.runs.metrics.downsample import _lttb_indices, _minmax_indices, downsample, downsample_many
+from dashboard.charts.downsample import _lttb_indices, _minmax_indices, downsample, downsample_many
+from dashboard.charts.export import figure_payload
+from dashboard.charts.figures import metric_lines
+from dashboard.charts.style import assign_colors
 from trainer import metric_keys as mk
 
 METRICS = (

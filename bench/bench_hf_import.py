@@ -132,8 +132,8 @@ def bench_rl_step(threads: int, steps: int, warmup: int, repeats: int = 3) -> di
     from trainer.config import ExperimentConfig
     from trainer.hf import resolve_model_source
     from trainer.hf.families import SHAPE_FIELDS
-    from trainer.run.files import read_metrics
     from trainer.run.runner import train
+    from trainer.run_folder.files import read_metrics
     from trainer.tasks.tokenizer import CharTokenizer
 
     base = {

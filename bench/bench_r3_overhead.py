@@ -46,7 +46,6 @@ from bench.common import (
 from trainer.analysis.collapse import CollapseDetector
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
 from trainer.rollout.routing_pack import pack_routing, storage_report, unpack_routing
@@ -55,6 +54,7 @@ from trainer.run.context import RunContext, RunState
 from trainer.run.runner import _rl_step
 from trainer.run.update import PolicyUpdater
 from trainer.tasks import make_task
+from trainer.validation import validate_config
 
 TARGET_OVERHEAD = 0.03
 

@@ -16,7 +16,7 @@ minibatches set it), so ``--prompts`` may be small; the rollout decodes to
 half-precision rollout is emulated (extra rounding calls), so the count is an
 upper bound for a native bf16 rollout.
 
-    .venv/bin/python -m bench.bench_step_ops full moe-grpo --prompts 2
+    .venv/bin/python -m bench.bench_step_ops gpu-mismatch moe-bf16 --prompts 2
     .venv/bin/python -m bench.bench_step_ops dose moe-grpo-fp8
 """
 
@@ -107,7 +107,7 @@ def count_step(study_name: str, variant_name: str, prompts: int) -> dict[str, ob
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("study", nargs="?", default="full")
+    parser.add_argument("study", nargs="?", default="gpu-mismatch")
     parser.add_argument("variant", nargs="?", default="moe-grpo")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step (count only)")
     parser.add_argument("--us-per-op", type=float, default=10.0)

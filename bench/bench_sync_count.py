@@ -25,10 +25,10 @@ import torch
 from bench.common import write_results
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.devices.sync_count import SyncCount, count_syncs
 from trainer.run import runner
 from trainer.run.context import build_context
+from trainer.validation import validate_config
 
 # Small enough for a test: 4 prompts x 4 answers, a short warm start.
 FAST = [

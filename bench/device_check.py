@@ -74,9 +74,9 @@ def _short_run(preset: str, steps: int, ctx: Context, extra: list[str] = ()) -> 
     the numerics do not need a base that answers); the metrics rows."""
     from trainer.config import apply_overrides
     from trainer.config.presets import preset_dict
-    from trainer.config.validation import validate_config
-    from trainer.run.files import read_metrics
     from trainer.run.runner import train
+    from trainer.run_folder.files import read_metrics
+    from trainer.validation import validate_config
 
     overrides = [
         f"run.steps={steps}",

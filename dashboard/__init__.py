@@ -1,8 +1,9 @@
-"""Plotly stability dashboards: pure figure builders and data helpers, pages and team review.
+"""The web wing, in three rooms (docs/design.md 1.4):
 
-Importing this package loads no Django model; the pure modules (downsample,
-survival, aggregate, stability, figures, export, charts, panels, configdiff)
-work without Django settings. The Django side: models.py (verdicts, saved
-comparisons, pinned baselines), services.py (writes), queries.py (reads),
-views/ (pages, chart endpoints, review actions), urls.py.
+- ``dashboard.charts``: pure chart code, series in and figure out (no Django);
+- ``dashboard.review``: team review's models and services and the pages' reads
+  (Django app label ``dashboard``: its tables and migrations are the first layout's);
+- ``dashboard.web``: views, URLs, forms, templates and static files.
+
+Each imports only those before it in that list.
 """

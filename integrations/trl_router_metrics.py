@@ -15,11 +15,11 @@ the window since the previous log is reported and reset:
 * ``experts/load/L{i}/e{j}``: expert j's share of layer i's assignments (the
   lab joins them into its ``experts/load/L{i}`` vector);
 * ``experts/max_violation``: MaxVio = max_e load_e * E / sum(load) - 1, mean
-  over layers (trainer/run/measure.py ``max_violation``);
+  over layers (trainer/algorithms/measure.py ``max_violation``);
 * ``experts/utilization``: share of experts with at least half their fair
-  share, mean over layers (trainer/run/measure.py ``utilization``);
+  share, mean over layers (trainer/algorithms/measure.py ``utilization``);
 * ``experts/router_entropy``: mean over tokens of the router distribution's
-  entropy in nats, mean over layers (trainer/run/measure.py ``router_entropy``);
+  entropy in nats, mean over layers (trainer/algorithms/measure.py ``router_entropy``);
 * ``experts/dead``: experts that received no token in the window, summed
   over layers (a dead expert gets no gradient: the collapse the lab watches).
 
@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 
 from trainer import metric_keys as mk
-from trainer.run.measure import max_violation, utilization
+from trainer.algorithms.measure import max_violation, utilization
 
 GATE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.gate$")
 DEAD = "experts/dead"

@@ -2,8 +2,9 @@
 classes (``XForCausalLM(config)`` + ``save_pretrained``), for the import,
 parity and export tests and the import benchmark.
 
-Norm weights and biases are randomised too (transformers initialises them to
-1 and 0), so a mapping that swapped or dropped one would show in the logits.
+Norm weights, biases, attention sinks and DeepSeek's correction bias are randomised
+too (transformers initialises them to 1 and 0), so a mapping that swapped or dropped
+one would show in the logits or the routing.
 """
 
 from __future__ import annotations
@@ -49,6 +50,88 @@ FAMILY_KWARGS = {
         "intermediate_size": 32,
         "rope_theta": 1_000_000.0,
     },
+    # Every routing and attention feature at once: latent attention with q compression,
+    # interleaved rope under yarn with both mscales, sigmoid scores with the correction
+    # bias in 4 groups (2 kept), routed scaling, a shared expert, a dense first block.
+    "deepseek_v3": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "n_shared_experts": 1,
+        "n_group": 4,
+        "topk_group": 2,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 12,
+        "num_key_value_heads": 4,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 0.9,
+            "mscale_all_dim": 0.8,
+        },
+    },
+    # DeepSeek-V2-Lite's shape: no q compression; softmax, group-limited greedy top-k.
+    "deepseek_v2": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "n_shared_experts": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "topk_method": "group_limited_greedy",
+        "routed_scaling_factor": 1.5,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": None,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 12,
+        "num_key_value_heads": 4,
+    },
+    # GLM-4.5: partial rotary (half the head), q/k norm, q/k/v biases, sigmoid groups.
+    "glm4_moe": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "intermediate_size": 96,
+        "n_shared_experts": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.5,
+        "first_k_dense_replace": 1,
+        "use_qk_norm": True,
+        "attention_bias": True,
+        "head_dim": 16,
+        "partial_rotary_factor": 0.5,
+    },
+    # GPT-OSS: sinks, alternating sliding (window 4) / full layers, q/k/v/o biases, a
+    # router bias, experts with biases and a clamp (limit 1) the tiny activations reach.
+    "gpt_oss": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "head_dim": 16,
+        "sliding_window": 4,
+        "swiglu_limit": 1.0,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+        },
+    },
     "qwen3": {"intermediate_size": 96, "head_dim": 24},
     "qwen2": {"intermediate_size": 96},
     "llama": {"intermediate_size": 96, "num_key_value_heads": 4},
@@ -63,6 +146,10 @@ def hf_classes(family: str):
         "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
         "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
+        "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
+        "deepseek_v2": (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM),
+        "glm4_moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM),
+        "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
@@ -82,10 +169,13 @@ def make_hf_model(family: str, seed: int = 0, **overrides):
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 1:
-                if name.endswith("bias"):
+                if name.endswith(("bias", "sinks")):
                     param.normal_(0.0, 0.1)
                 else:
                     param.uniform_(0.5, 1.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # the selection bias, live
+                buffer.normal_(0.0, 0.05)
     return model
 
 

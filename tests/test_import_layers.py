@@ -10,7 +10,7 @@ import inside a function counts like any other) and fails on
   not point upward.
 
 The Django site (``lab.site``) names the dashboard app and its URLs as
-strings in INSTALLED_APPS and ``include("dashboard.urls")``: that is how a
+strings in INSTALLED_APPS and ``include("dashboard.web.urls")``: that is how a
 composition root wires apps, not an import, so it is not an arrow.
 
 The platform's contract with the trainer (docs/design.md section 1.1): the
@@ -28,20 +28,19 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from import_graph import (
+    ROOT,
+    Edge,
+    _imports,
+    _is_type_checking,
+    _resolve,
+    import_edges,
+    project_modules,
+    strongly_connected,
+)
 
-# Source folder -> top-level package, lowest room first.
-ROOMS = {
-    "trainer": ROOT / "trainer",
-    "lab": ROOT / "platform" / "lab",
-    "dashboard": ROOT / "dashboard",
-    # callbacks that run inside other frameworks' training jobs: the trainer's formulas at
-    # most, never Django, the lab or the dashboard
-    "integrations": ROOT / "integrations",
-}
 RANK = {"trainer": 0, "integrations": 0, "lab": 1, "dashboard": 2}
 FORBIDDEN_IN_TRAINER = ("django", "rest_framework", "celery")
 
@@ -63,15 +62,16 @@ TRAINER_CONTRACT = frozenset(
         "trainer.metric_keys",
         "trainer.model.param_count",
         "trainer.config.presets",
-        "trainer.run.files",
-        "trainer.run.guard",
+        "trainer.run_folder.files",
+        "trainer.run_folder.guard",
         "trainer.studies.definition",
         "trainer.analysis.kaplan_meier",
         "trainer.tasks.factory",
         "trainer.tasks.text_data",
         "trainer.tasks.verifiers",
-        "trainer.config.validation",
-        "trainer.run.warmstart_progress",
+        "trainer.reward_functions",
+        "trainer.validation",
+        "trainer.run_folder.warmstart_progress",
         "trainer.launch",
         "trainer.devices.packing",
     }
@@ -79,7 +79,7 @@ TRAINER_CONTRACT = frozenset(
 # ... and those that load torch: only inside worker code paths.
 TRAINER_WORKER_ONLY = frozenset(
     {
-        "trainer.hf.export",
+        "trainer.run.export",
         "trainer.hf.loader",
         "trainer.model.transformer",
     }
@@ -87,97 +87,6 @@ TRAINER_WORKER_ONLY = frozenset(
 # Platform modules that run only in the worker (the trainer's supervisor), where
 # a module-level import of a worker-only trainer module is fine.
 WORKER_MODULES = ("lab.jobs.supervisor",)
-
-
-@dataclass(frozen=True)
-class Edge:
-    source: str
-    target: str
-    line: int
-    type_only: bool
-
-
-def _module_name(package: str, folder: Path, path: Path) -> str:
-    parts = [package, *path.relative_to(folder).with_suffix("").parts]
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def project_modules() -> dict[str, Path]:
-    modules = {}
-    for package, folder in ROOMS.items():
-        for path in folder.rglob("*.py"):
-            if "migrations" in path.parts:
-                continue
-            modules[_module_name(package, folder, path)] = path
-    return modules
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _imports(tree: ast.AST, module: str, is_package: bool):
-    """Yield (imported dotted name, line, type_only) for every import in the tree."""
-
-    def walk(node: ast.AST, type_only: bool):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for stmt in child.body:
-                    yield from walk_stmt(stmt, True)
-                for stmt in child.orelse:
-                    yield from walk_stmt(stmt, type_only)
-                continue
-            yield from walk_stmt(child, type_only)
-
-    def walk_stmt(node: ast.AST, type_only: bool):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno, type_only
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = module.split(".")
-                anchor = anchor if is_package else anchor[:-1]
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                yield f"{base}.{alias.name}", node.lineno, type_only
-        else:
-            yield from walk(node, type_only)
-
-    yield from walk(tree, False)
-
-
-def _resolve(name: str, modules: dict[str, Path]) -> str | None:
-    """The longest project module that ``name`` (module or module.attribute) names."""
-    parts = name.split(".")
-    while parts:
-        candidate = ".".join(parts)
-        if candidate in modules:
-            return candidate
-        parts.pop()
-    return None
-
-
-def import_edges() -> tuple[list[Edge], list[tuple[str, str, int]]]:
-    """Project-internal edges, and (module, external name, line) for outside imports."""
-    modules = project_modules()
-    edges, external = [], []
-    for module, path in modules.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        is_package = path.name == "__init__.py"
-        for name, line, type_only in _imports(tree, module, is_package):
-            target = _resolve(name, modules)
-            if target is None:
-                external.append((module, name, line))
-            elif target != module:
-                edges.append(Edge(module, target, line, type_only))
-    return edges, external
 
 
 def _room(module: str) -> str:
@@ -201,44 +110,12 @@ def upward_imports() -> list[str]:
 
 
 def import_cycles() -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
+    """Strongly connected components of more than one module."""
     graph: dict[str, set[str]] = {}
     for e in import_edges()[0]:
         if not e.type_only:
             graph.setdefault(e.source, set()).add(e.target)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-    counter = [0]
-
-    def connect(node: str) -> None:
-        index[node] = low[node] = counter[0]
-        counter[0] += 1
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in graph.get(node, ()):
-            if nxt not in index:
-                connect(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            connect(node)
-    return cycles
+    return strongly_connected(graph)
 
 
 def test_no_upward_import_between_rooms():
@@ -256,12 +133,12 @@ def test_guard_sees_lazy_relative_and_type_only_imports(tmp_path):
         "from typing import TYPE_CHECKING\n"
         "from . import sibling\n"
         "if TYPE_CHECKING:\n    from trainer.config import ExperimentConfig\n"
-        "def f():\n    import dashboard.views\n"
+        "def f():\n    import dashboard.web.views\n"
     )
     found = list(_imports(ast.parse(source), "trainer.pkg.mod", is_package=False))
     assert ("trainer.pkg.sibling", 2, False) in found
     assert ("trainer.config.ExperimentConfig", 4, True) in found
-    assert ("dashboard.views", 6, False) in found
+    assert ("dashboard.web.views", 6, False) in found
 
 
 def _module_level_imports(tree: ast.AST) -> set[str]:
@@ -363,7 +240,17 @@ def test_design_doc_lists_the_trainer_contract():
 # --------------------------------------------------------------------------- lab packages
 # docs/design.md 1.2: a lab package (or top-level lab module) imports only those to
 # its left: the text rule, the assets, the one config gate, then the concepts.
-LAB_ORDER = ("text", "assets", "configs", "experiments", "runs", "jobs", "api", "tracking")
+LAB_ORDER = (
+    "text",
+    "inputs",
+    "assets",
+    "configs",
+    "experiments",
+    "runs",
+    "jobs",
+    "api",
+    "tracking",
+)
 
 
 def _lab_package(module: str) -> str | None:

@@ -9,7 +9,7 @@
 A bad config prints the offending field paths and exits with code 2 before
 anything is written. A run folder held by another trainer exits with code 73
 at once; an expired lease (the supervisor stopped renewing --lease-file)
-exits with code 76 without a checkpoint (trainer/run/guard.py).
+exits with code 76 without a checkpoint (trainer/run_folder/guard.py).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from typing import Any
 
 from trainer.config import ConfigDeprecationWarning, ExperimentConfig, apply_overrides
 from trainer.config.presets import list_presets, preset_dict
-from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf.loader import resolve_model_source
-from trainer.run.files import EXIT_CODE_FILE
-from trainer.run.guard import (
+from trainer.run_folder.files import EXIT_CODE_FILE
+from trainer.run_folder.guard import (
     LEASE_EXPIRED_EXIT_CODE,
     RUN_DIR_BUSY_EXIT_CODE,
     Lease,
@@ -37,6 +36,7 @@ from trainer.run.guard import (
     die_with_launcher,
 )
 from trainer.studies.definition import BUILTIN_STUDIES
+from trainer.validation import validate_config
 
 
 def build_config(
@@ -95,6 +95,14 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
             f"--nproc_per_node={gpus} on every host (this process sees WORLD_SIZE={world}); "
             "submit it to the platform's queue, which gang-schedules it, or set run.nodes=1",
         )])  # fmt: skip
+
+
+def _precision_list(text: str) -> list[str]:
+    values = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in values if p not in ("fp32", "bf16", "fp16", "fp8")]
+    if not values or bad:
+        raise FieldError([("--precisions", "give fp32, bf16, fp16 or fp8, comma-separated")])
+    return values
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -164,12 +172,38 @@ def _parser() -> argparse.ArgumentParser:
         "--variants", help="comma-separated variant names: run only this slice of the study"
     )
     study.add_argument("--seeds", help="comma-separated seeds: run only these of the study's seeds")
+    study.add_argument(
+        "--budget-s", type=float, help="seconds: run what fits, stop cleanly (resumes later)"
+    )
+    study.add_argument(
+        "--bases",
+        dest="bases_dir",
+        help="folder of exported bases to import (OUT/bases of a study)",
+    )
+    study.add_argument(
+        "--mps", choices=("auto", "on", "off"), default="auto",
+        help="CUDA MPS for runs packed on a GPU (auto: when several share one and the host has it)",
+    )  # fmt: skip
+    study.add_argument("--dry", action="store_true", help="print the plan only: how many runs fit")
+    study.add_argument(
+        "--rows", nargs="?", const="trainer/studies/measured/step_times.json",
+        help="merge the measured rows of the --out folder into this rows file and stop",
+    )  # fmt: skip
+    study.add_argument(
+        "--device", help="the device kind the plan is for (e.g. 'NVIDIA H200'; default: this one)"
+    )
 
     report = sub.add_parser(
         "causal-report", help="the pre-registered analysis of a causal study's run folders"
     )
     report.add_argument("--study", default="causal", help="STUDY.json or a built-in name")
     report.add_argument("--out", required=True, help="the study folder")
+
+    compact = sub.add_parser(
+        "compact",
+        help="gzip the metrics.jsonl of every finished run under a study folder (committed results)",
+    )
+    compact.add_argument("out", metavar="OUT", help="a study folder (or one run folder)")
 
     calibrate = sub.add_parser(
         "calibrate", help="router noise sigma -> routing gap, k3, SDI and expert balance per base"
@@ -179,6 +213,12 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--bases", default="0,1,2,3", help="comma-separated base seeds")
     calibrate.add_argument("--sigmas", default="0,0.05,0.1,0.2,0.4")
     calibrate.add_argument("--kind", choices=("fixed", "fresh"), default="fixed")
+    calibrate.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma-separated rollout engine precisions (fp32, bf16, fp16, fp8): the real "
+        "engine gap against the fp32 training forward, beside the router noise",
+    )
     calibrate.add_argument("--batches", type=int, default=2)
     calibrate.add_argument("--out", required=True, help="JSON file (the table goes beside it)")
 
@@ -250,11 +290,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.hf.tokenizer import install_checkpoint_tokenizer
             from trainer.tasks import make_task
 
-            # Every input file checked before anything is written into --out: the
+            # Every input checked before anything is written into --out: the
             # checkpoint's headers, shapes and tokenizer, the data file's rows, an
-            # imported model's tokenizer and its prompt lengths.
+            # imported model's tokenizer and its prompt lengths, a custom reward
+            # function (offered here, and it loads in its own process).
             check_input_files(cfg)
-            install_checkpoint_tokenizer(make_task(cfg.task), cfg)
+            task = make_task(cfg.task)
+            install_checkpoint_tokenizer(task, cfg)
+            try:
+                task.start()
+            finally:
+                task.close()
             from trainer.run.runner import run_from_cli
 
             lease = Lease(Path(args.lease_file), args.lease_s) if args.lease_file else None
@@ -271,7 +317,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return run_demo(Path(args.out), steps=args.steps)
         if args.command == "export":
-            from trainer.hf.export import export_run
+            from trainer.run.export import export_run
 
             out = export_run(
                 Path(args.run_dir), args.step, Path(args.out), args.dtype, replace=args.replace
@@ -285,8 +331,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             causal_report(load_definition(args.study), Path(args.out))
             print((Path(args.out) / "causal.md").read_text())
             return 0
+        if args.command == "compact":
+            from trainer.run_folder.files import SUMMARY_FILE, compact_run
+
+            done = sum(compact_run(p.parent) for p in sorted(Path(args.out).rglob(SUMMARY_FILE)))
+            print(f"compacted {done} finished run folders under {args.out}")
+            return 0
         if args.command == "calibrate":
-            from trainer.analysis.calibration import calibrate_study
+            from trainer.studies.calibration import calibrate_study
             from trainer.studies.definition import load_definition
 
             print(
@@ -298,6 +350,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                     batches=args.batches,
                     kind=args.kind,
                     variant=args.variant,
+                    precisions=_precision_list(args.precisions),
                 )
             )
             return 0
@@ -305,8 +358,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.studies.study import run_study_cli
 
             return run_study_cli(
-                args.definition, Path(args.out), args.overrides, args.variants, args.seeds
-            )
+                args.definition, Path(args.out), args.overrides, args.variants, args.seeds,
+                budget_s=args.budget_s, mps=args.mps, dry=args.dry, device=args.device,
+                rows=args.rows,
+                bases_dir=Path(args.bases_dir) if args.bases_dir else None,
+            )  # fmt: skip
     except FieldError as exc:
         print("invalid config:", file=sys.stderr)
         for path, msg in exc.errors:

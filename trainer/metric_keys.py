@@ -21,7 +21,12 @@ STEP = "step"
 REWARD_MEAN = "reward/mean"
 REWARD_ACCURACY = "reward/accuracy"
 RESPONSE_LENGTH_MEAN = "response/length_mean"
-EVAL_ACCURACY = "eval/accuracy"  # held-out set, every run.eval_every steps
+EVAL_ACCURACY = (
+    "eval/accuracy"  # held-out set through the rollout engine, every run.eval_every steps
+)
+# The learning endpoint: the same held-out set decoded without the engine's gap (an
+# engine at the trainer's precision, no router noise: the trainer's own routing).
+EVAL_ACCURACY_CLEAN = "eval/accuracy_clean"
 
 # training-inference mismatch, measured by a training forward on rollout tokens
 MISMATCH_KL_K1 = "mismatch/kl_k1"  # token mean of -log r, r = pi_train / pi_rollout
@@ -107,7 +112,7 @@ TIME_WALL = "time/wall"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 
 # warm start: the supervised phase before step 0, reported in RUN_DIR/progress.json
-# (trainer/run/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
+# (trainer/run_folder/warmstart_progress.py), never in metrics.jsonl, whose lines are RL steps only.
 PHASE = "phase"  # progress.json: "warmstart" while the base policy trains, then "training"
 PHASE_WARMSTART = "warmstart"
 PHASE_TRAINING = "training"
@@ -133,6 +138,7 @@ SCALAR_KEYS: tuple[str, ...] = (
     REWARD_ACCURACY,
     RESPONSE_LENGTH_MEAN,
     EVAL_ACCURACY,
+    EVAL_ACCURACY_CLEAN,
     MISMATCH_KL_K1,
     MISMATCH_KL_K3,
     MISMATCH_LOGP_ABS_DIFF,
@@ -216,6 +222,9 @@ SUMMARY_FIELDS: tuple[str, ...] = (
     "final_accuracy",
     "best_accuracy",
     "initial_accuracy",
+    "final_accuracy_clean",  # the same, decoded without the engine's gap (the endpoint)
+    "best_accuracy_clean",
+    "initial_accuracy_clean",
     "steps",
     "wall_time_s",
 )
@@ -296,7 +305,11 @@ _SPECS: tuple[MetricSpec, ...] = (
         section=SECTION_REWARD, experiment_page=True,
     ),
     MetricSpec(
-        EVAL_ACCURACY, "accuracy (held-out)", SHARE,
+        EVAL_ACCURACY, "accuracy (held-out, rollout engine)", SHARE,
+        section=SECTION_REWARD, experiment_page=True,
+    ),
+    MetricSpec(
+        EVAL_ACCURACY_CLEAN, "accuracy (held-out, no engine gap)", SHARE,
         section=SECTION_REWARD, experiment_page=True,
     ),
     MetricSpec(RESPONSE_LENGTH_MEAN, "mean response length", "tokens"),

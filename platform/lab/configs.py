@@ -7,14 +7,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
+
 from lab.assets.checks import check_model_source
 from lab.assets.prompt_cost import check_config_template
 from lab.assets.roots import check_config_paths
 from lab.assets.text_files import config_decode_error
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
+from trainer.reward_functions import FIELD as REWARD_FIELD
+from trainer.reward_functions import permit
+from trainer.validation import validate_config
 
 Overrides = list[str] | Mapping[str, Any] | None
 
@@ -54,11 +58,16 @@ def resolve_config(
         data = dict(base or {})
     try:
         data = apply_overrides(data, overrides_as_strings(overrides))
-        # Before validation opens any file: paths inside LAB_ASSET_ROOTS, a template
-        # whose format specs cannot blow a prompt up (lab.assets.roots, prompt_cost).
+        # Before validation opens any file: a reward function the lab offers, paths
+        # inside LAB_ASSET_ROOTS, a template whose format specs cannot blow a prompt
+        # up (lab.assets.roots, prompt_cost).
+        check_reward_function(data.get("task") if isinstance(data, Mapping) else None)
         check_config_paths(data)
         check_config_template(data)
-        cfg = validate_config(data)
+        cfg = validate_config(
+            data
+        )  # imports and calls no reward function (trainer/tasks/verifiers.py)
+        check_reward_function(cfg)
         # The checkpoint a run names is checked like a registration (headers, shapes,
         # tokenizer), so a broken one is a field error now, not a failed run later.
         check_model_source(cfg.model.source, "model.source")
@@ -68,6 +77,25 @@ def resolve_config(
     except FieldError as exc:
         # One namespace for every caller: "config.algorithm.clip_eps_low".
         raise FieldError([(config_path(p), m) for p, m in exc.errors]) from None
+
+
+def check_reward_function(task: Any, prefix: str = "") -> None:
+    """A custom reward function must be one the administrator offers
+    (``LAB_REWARD_MODULES``; trainer/reward_functions.py): decided from its name,
+    never by importing it. ``task``: the config's task section (a dict as typed, or
+    the validated model). FieldError at ``{prefix}task.reward_function``."""
+    if isinstance(task, Mapping):
+        verifier, name = task.get("verifier"), task.get("reward_function")
+    else:
+        verifier, name = getattr(task, "verifier", None), getattr(task, "reward_function", None)
+    if verifier != "python" or not name:
+        return  # the schema names a missing function; only a python verifier runs one
+    if not isinstance(name, str):
+        raise FieldError([(f"{prefix}{REWARD_FIELD}", "give an import path as text")])
+    try:
+        permit(name, tuple(settings.LAB_REWARD_MODULES))
+    except ValueError as exc:
+        raise FieldError([(f"{prefix}{REWARD_FIELD}", str(exc))]) from None
 
 
 CONFIG_PREFIX = "config"

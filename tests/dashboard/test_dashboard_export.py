@@ -6,9 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from dashboard.export import export_body, figure_data, figure_payload, figure_to_csv, figure_to_json
-from dashboard.figures import collapse_strip, expert_heatmap, metric_lines
-from lab.runs.metrics.downsample import downsample
+from dashboard.charts.downsample import downsample
+from dashboard.charts.export import (
+    export_body,
+    figure_data,
+    figure_payload,
+    figure_to_csv,
+    figure_to_json,
+)
+from dashboard.charts.figures import collapse_strip, expert_heatmap, metric_lines
 from trainer import metric_keys as mk
 
 

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from dashboard.aggregate import aggregate_seeds, on_grid
-from dashboard.export import figure_data
-from dashboard.figures import (
+from dashboard.charts.aggregate import aggregate_seeds, on_grid
+from dashboard.charts.export import figure_data
+from dashboard.charts.figures import (
     CollapseMarker,
     collapse_strip,
     empty_figure,
@@ -16,14 +16,14 @@ from dashboard.figures import (
     seed_band,
     survival_curves,
 )
-from dashboard.style import (
+from dashboard.charts.style import (
     BASELINE_COLOR,
     PALETTE,
     assign_colors,
     metric_title,
     stable_color,
 )
-from dashboard.survival import RunOutcome
+from dashboard.charts.survival import RunOutcome
 from trainer import metric_keys as mk
 
 STEPS = np.arange(0, 50, 10)  # 0 10 20 30 40
@@ -311,13 +311,13 @@ def test_kl_is_drawn_in_the_tables_unit_never_with_si_prefixes():
     mean = next(t for t in band.data if t.meta["role"] == "mean")
     np.testing.assert_allclose(mean.y, [2.0] * 5)
     assert fig.layout.template.layout.yaxis.exponentformat == "e"  # never "40μ"
-    from dashboard.stability import STABILITY_COLUMNS
+    from dashboard.charts.stability import STABILITY_COLUMNS
 
     assert ("kl_k3_x1e3", "training-inference KL (×1e-3)") in STABILITY_COLUMNS
 
 
 def test_percent_ticks_have_the_decimals_the_range_needs():
-    from dashboard.style import share_tickformat
+    from dashboard.charts.style import share_tickformat
 
     assert share_tickformat([[0.0, 0.012]]) == ".1%"  # 0%, 0.2%, ... not 0%, 0%, 1%
     assert share_tickformat([[0.1, 0.9]]) == ".0%"

@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboard.charts import Window, layer_heatmap, load_matrix, run_lines, thin
-from dashboard.configdiff import MISSING, config_diff, display_value, flatten
-from dashboard.panels import chart_id, keys_for_runs, moe_layers, sections_for
+from dashboard.charts.build import Window, layer_heatmap, load_matrix, run_lines, thin
+from dashboard.charts.configdiff import MISSING, config_diff, display_value, flatten
+from dashboard.charts.panels import chart_id, keys_for_runs, moe_layers, sections_for
 from trainer.config.presets import preset_dict
 
-PAGES_JS = Path(__file__).resolve().parents[2] / "dashboard" / "static" / "dashboard" / "pages.js"
+PAGES_JS = (
+    Path(__file__).resolve().parents[2] / "dashboard" / "web" / "static" / "dashboard" / "pages.js"
+)
 
 
 def test_flatten_gives_dotted_paths_with_lists_as_leaves():
@@ -135,7 +137,7 @@ def test_registry_specs_are_known_scalar_keys_in_known_sections():
 
 
 def test_axis_and_hover_formats_come_from_the_registry(monkeypatch):
-    from dashboard.figures import metric_lines
+    from dashboard.charts.figures import metric_lines
     from trainer import metric_keys as mk
 
     spec = mk.MetricSpec("time/step_s", "step time", "s", log_scale=True)

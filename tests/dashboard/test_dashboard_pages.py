@@ -206,7 +206,7 @@ def _variant_rows(page: str) -> dict[str, list[str]]:
 
 def test_variants_table_counts_only_seeds(alice, make_run, experiment):
     """A cancelled or failed run is not a seed of its variant (the stability
-    review's rule, dashboard/seeds.py): counted apart, and the rule is stated."""
+    review's rule, dashboard/review/seeds.py): counted apart, and the rule is stated."""
     make_run(variant="r3", seed=0)
     make_run(variant="r3", seed=1)
     make_run(variant="r3", seed=2, status=RunStatus.CANCELLED)

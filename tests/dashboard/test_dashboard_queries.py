@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from dashboard import services
+from dashboard.review import services
 from lab.runs.models import RunStatus
 from tests.dashboard.conftest import records
 

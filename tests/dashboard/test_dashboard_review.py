@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from teams import share
 
-from dashboard.models import BaselinePin, ComparisonComment, SavedComparison, Verdict
+from dashboard.review.models import BaselinePin, ComparisonComment, SavedComparison, Verdict
 from lab.runs.models import Comment
 from tests.dashboard.conftest import payload_traces, records
 
@@ -108,7 +108,7 @@ def test_saved_comparison_refuses_bad_input(alice, two_runs):
 def test_only_owner_or_staff_delete_a_saved_comparison(
     alice, client_for, other_user, staff_user, user, two_runs
 ):
-    from dashboard import services
+    from dashboard.review import services
 
     a, b = two_runs
     first = services.save_comparison(owner=user, name="one", run_ids=[a.pk, b.pk])
@@ -123,7 +123,7 @@ def test_only_owner_or_staff_delete_a_saved_comparison(
 def test_anyone_comments_on_a_saved_comparison_escaped(
     alice, client_for, other_user, user, two_runs
 ):
-    from dashboard import services
+    from dashboard.review import services
 
     a, b = two_runs
     saved = services.save_comparison(owner=user, name="one", run_ids=[a.pk, b.pk])
@@ -181,7 +181,7 @@ def test_review_actions_are_post_only(alice, make_run):
 def test_every_comment_follows_one_body_rule(user, make_run, body):
     """A run's, an experiment's and a saved comparison's comments refuse the same
     bodies with the same message (lab.runs.comments.clean_body)."""
-    from dashboard import services
+    from dashboard.review import services
     from trainer.errors import FieldError
 
     run = make_run()

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from dashboard.figures import STABILITY_COLUMNS, stability_table_rows
-from dashboard.stability import RunStats, series_mean
-from dashboard.survival import RunOutcome
+from dashboard.charts.figures import STABILITY_COLUMNS, stability_table_rows
+from dashboard.charts.stability import RunStats, series_mean
+from dashboard.charts.survival import RunOutcome
 from trainer import metric_keys as mk
 
 

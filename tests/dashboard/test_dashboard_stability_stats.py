@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from dashboard.figures.collapse import dose_response
-from dashboard.stability import RunStats, stability_table_rows
-from dashboard.stability_stats import dose_layout, split_dose_name, survival_rows
-from dashboard.survival import RunOutcome
+from dashboard.charts.figures.collapse import dose_response
+from dashboard.charts.stability import RunStats, stability_table_rows
+from dashboard.charts.stability_stats import dose_layout, split_dose_name, survival_rows
+from dashboard.charts.survival import RunOutcome
 
 
 def run(variant, step, collapsed, kl=0.002, seed=0):

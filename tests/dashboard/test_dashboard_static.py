@@ -14,11 +14,11 @@ from django.contrib.staticfiles import finders
 from django.template.loader import render_to_string
 from django.test import override_settings
 
-from dashboard.staticfiles import STATIC_PATH, PlotlyJsFinder, plotly_js_path
+from dashboard.web.staticfiles import STATIC_PATH, PlotlyJsFinder, plotly_js_path
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboard"
-LIVE_JS = DASHBOARD / "static" / "dashboard" / "live.js"
+LIVE_JS = DASHBOARD / "web" / "static" / "dashboard" / "live.js"
 
 
 def test_finder_resolves_plotly_js_from_the_installed_package():
@@ -78,9 +78,9 @@ def test_no_code_or_template_references_a_cdn():
 
 def test_figure_builders_import_no_django():
     code = (
-        "import sys, dashboard.figures, lab.runs.metrics.downsample, dashboard.survival,"
-        " dashboard.export, dashboard.stability, dashboard.aggregate,"
-        " dashboard.charts, dashboard.panels, dashboard.configdiff;"
+        "import sys, dashboard.charts.figures, dashboard.charts.downsample, dashboard.charts.survival,"
+        " dashboard.charts.export, dashboard.charts.stability, dashboard.charts.aggregate,"
+        " dashboard.charts.build, dashboard.charts.panels, dashboard.charts.configdiff;"
         "bad = [m for m in sys.modules if m == 'django' or m.startswith('django.')];"
         "assert not bad, bad"
     )

@@ -1,6 +1,6 @@
 import pytest
 
-from dashboard.survival import (
+from dashboard.charts.survival import (
     RunOutcome,
     VariantCollapse,
     censor_marks,

@@ -2,7 +2,7 @@
 
 pytest-django's ``live_server`` serves the app and, because
 django.contrib.staticfiles is installed, its static files through the
-staticfiles finders: plotly.js comes from dashboard.staticfiles.PlotlyJsFinder.
+staticfiles finders: plotly.js comes from dashboard.web.staticfiles.PlotlyJsFinder.
 The study is written through the platform's services as a worker would leave
 it: two variants x three seeds x 300 steps, the "none" seeds collapsing, one
 one-step KL spike. Screenshots of these pages illustrate docs/dashboards.md;
@@ -22,8 +22,8 @@ from django.contrib.auth import get_user_model
 from django.db import OperationalError
 from playwright.sync_api import Page, expect
 
-from dashboard import services as review
-from dashboard.models import VerdictLabel
+from dashboard.review import services as review
+from dashboard.review.models import VerdictLabel
 from lab.experiments.services import create_experiment
 from lab.runs import lifecycle
 from lab.runs.metrics.ingest import ingest_metrics
@@ -239,7 +239,7 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
 ):
     """The header (status badge, step n/N, queue position / worker / attempt, Cancel
     run) follows the same poll as the charts; no reload."""
-    monkeypatch.setattr("dashboard.views.run_pages.LIVE_INTERVAL_MS", 400)
+    monkeypatch.setattr("dashboard.web.views.run_pages.LIVE_INTERVAL_MS", 400)
     alice = get_user_model().objects.get(username="alice")
     run = lifecycle.submit_run(
         owner=alice, experiment=study["experiment"], preset="moe-grpo", variant="live",

@@ -18,7 +18,7 @@ from integrations.trl_router_metrics import (
     expert_load_key,
 )
 from trainer import metric_keys as mk
-from trainer.run.measure import max_violation
+from trainer.algorithms.measure import max_violation
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 from django.test import Client
 from lab_processes import submit_tiny_run
 
-from lab.api.json_input import json_depth
 from lab.experiments.models import Experiment
+from lab.inputs.json_input import json_depth
 from lab.runs.models import Comment, Run
 
 

@@ -48,6 +48,17 @@ def test_submit_config_file(admin, tmp_path):
         (["--preset", "moe-grpo", "--set", "model.colour=1"], "config.model.colour"),
         (["--preset", "moe-grpo", "--queue", "tpu"], "queue"),
         (["--config", "/no/such/file.json"], "--config"),
+        (
+            [
+                "--preset",
+                "text-grpo",
+                "--set",
+                "task.verifier=python",
+                "--set",
+                "task.reward_function=os:popen",
+            ],
+            "config.task.reward_function",
+        ),
     ],
 )
 def test_submit_bad_input_exits_2_and_stores_nothing(admin, capsys, args, path):

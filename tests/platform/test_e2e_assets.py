@@ -18,11 +18,11 @@ import torch
 from hf_tiny_checkpoints import save_char_tokenizer, save_hf_checkpoint, word_problem_characters
 from lab_processes import LabStack
 
-from trainer.config.validation import validate_config
 from trainer.hf import build_model, resolve_model_source
 from trainer.model.layers import positions_from_mask
 from trainer.run.checkpoint import load_checkpoint
 from trainer.tasks.text_data import SHIPPED_DATA
+from trainer.validation import validate_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 transformers = pytest.importorskip("transformers")

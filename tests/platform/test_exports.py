@@ -12,9 +12,9 @@ from lab_processes import submit_tiny_run
 
 from lab.runs import exports
 from lab.runs.models import ExportStatus, RunStatus
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.run.runner import train
+from trainer.validation import validate_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import pytest
+from lab_processes import submit_tiny_run
 
 from lab.jobs import launch
 
@@ -64,3 +65,41 @@ def test_lab_up_starts_everything_and_ctrl_c_stops_it(tmp_path):
         cwd=launch.ROOT, env=env, capture_output=True, text=True, check=True,
     ).stdout.strip().splitlines()[-1]  # fmt: skip
     assert count == "12"
+
+
+def test_lab_up_check_starts_trains_a_demo_run_and_stops_it_unspent(tmp_path):
+    """CI's `make up UP_ARGS=--check`: up, a demo run trains, stop, judged."""
+    env = launch.process_env({"LAB_VAR_DIR": str(tmp_path / "var")})
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
+        env.pop(name, None)
+    done = subprocess.run(
+        launch.manage_command("lab_up", "--check", "--port", str(_port()), "--workers", "1"),
+        cwd=launch.ROOT, env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "1 worker slot(s) live, run(s) [1] training" in out
+    assert "check passed" in out
+    state = subprocess.run(
+        launch.manage_command("shell", "-c", "from lab.runs.models import Run; "
+                              "r = Run.objects.get(pk=1); print(r.status, r.attempts, r.max_attempts)"),
+        cwd=launch.ROOT, env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip().splitlines()[-1]  # fmt: skip
+    assert state == "queued 1 4"  # back in the queue, its attempt given back
+
+
+def test_the_check_names_a_run_left_running_or_spent(db, user, experiment):
+    from django.utils import timezone
+
+    from lab.jobs import up_check
+    from lab.runs.models import Run
+
+    since = timezone.now()
+    left = submit_tiny_run(user, experiment)
+    spent = submit_tiny_run(user, experiment)
+    Run.objects.filter(pk=left.pk).update(status="running")
+    Run.objects.filter(pk=spent.pk).update(error="attempt 1 lost its worker; requeued")
+    started = up_check.Started(since=since, training={left.pk: 3, spent.pk: 3})
+    problems = up_check.problems_after_stop([], started)
+    assert any(f"[{left.pk}] left running" in p for p in problems)
+    assert any(f"run {spent.pk} (queued) was not given back unspent" in p for p in problems)

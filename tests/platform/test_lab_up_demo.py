@@ -33,13 +33,13 @@ def test_a_lost_credentials_file_gets_a_new_password(db, tmp_path):
 
 
 def test_the_demo_is_a_slice_of_the_causal_study_on_one_thread_per_run(db, tmp_path):
-    from lab.jobs.management.commands.lab_up import DEMO_SEEDS, DEMO_VARIANTS, STUDY_EXPERIMENT
+    from lab.runs.demo import DEMO_EXPERIMENT, DEMO_PRIORITY, DEMO_SEEDS, DEMO_VARIANTS
     from lab.runs.models import Run
     from trainer.studies.definition import load_definition
 
     Command()._demo_user(tmp_path)
     Command()._queue_study(steps=None)
-    runs = Run.objects.filter(experiment__name=STUDY_EXPERIMENT).order_by("created_at", "id")
+    runs = Run.objects.filter(experiment__name=DEMO_EXPERIMENT).order_by("created_at", "id")
     assert runs.count() == len(DEMO_VARIANTS) * len(DEMO_SEEDS)
     assert set(runs.values_list("variant", flat=True)) == set(DEMO_VARIANTS)
     # Seed-major: the first runs to start (and finish) cover every cell.
@@ -52,6 +52,7 @@ def test_the_demo_is_a_slice_of_the_causal_study_on_one_thread_per_run(db, tmp_p
     expected = dose.config_for(variant, runs[0].config["run"]["seed"], ["run.threads=1"])
     assert runs[0].config == expected.to_dict()
     assert {r.total_steps for r in runs} == {150}
+    assert {r.priority for r in runs} == {DEMO_PRIORITY} == {0}  # the background of the queue
     Command()._queue_study(steps=None)  # the next `make up` queues nothing more
     assert Run.objects.count() == len(DEMO_VARIANTS) * len(DEMO_SEEDS)
 

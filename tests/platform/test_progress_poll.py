@@ -9,7 +9,7 @@ from lab.jobs.progress import poll_progress
 from lab.runs import lifecycle
 from lab.runs.models import Run
 from trainer import metric_keys as K
-from trainer.run.files import PROGRESS_FILE, write_json_atomic
+from trainer.run_folder.files import PROGRESS_FILE, write_json_atomic
 
 
 def _running_run(user, experiment, tiny, attempt=1):

@@ -1,4 +1,4 @@
-"""The one query parser (lab.api.query): repeated keys, own messages, named fields."""
+"""The one query parser (lab.inputs.query): repeated keys, own messages, named fields."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from django.http import QueryDict
 from pydantic import model_validator
 
-from lab.api.query import CommaSeparated, OptionalWholeNumber, Query, one_of, parse_query
+from lab.inputs.query import CommaSeparated, OptionalWholeNumber, Query, one_of, parse_query
 from trainer.errors import FieldError
 
 

@@ -305,7 +305,7 @@ def test_a_trainer_that_finds_the_folder_held_sends_the_run_back_to_the_queue(
     """An earlier attempt's trainer still holds the folder after the wait: the
     new trainer (the real CLI) exits at once, the run goes back to the queue
     with the reason, and fails with it once attempts run out."""
-    from trainer.run.guard import RunDirLock
+    from trainer.run_folder.guard import RunDirLock
 
     settings.LAB_STALE_AFTER_S = 0.5  # the supervisor waits 2 x this for the folder
     run = submit_tiny_run(user, experiment)

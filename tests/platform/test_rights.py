@@ -12,7 +12,7 @@ from lab_processes import TINY_OVERRIDES, submit_tiny_run
 from rest_framework.test import APIClient
 from teams import share
 
-from dashboard.models import BaselinePin, Verdict
+from dashboard.review.models import BaselinePin, Verdict
 from lab.experiments.models import Sweep
 from lab.runs.models import Comment, Run
 

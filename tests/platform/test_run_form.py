@@ -9,7 +9,7 @@ import re
 import pytest
 from django.test import Client
 
-from dashboard import schema_form
+from dashboard.web import schema_form
 from lab.runs.models import Run
 
 

@@ -156,7 +156,7 @@ def test_the_layers_that_log_no_expert_load_are_the_dense_ones(ml, exp_id, user)
     """A Qwen3-MoE with a dense layer 1 (``mlp_only_layers``) logs the load of layers 0
     and 2: layer 1 is dense, so the layer pickers offer 0 and 2 only; a layer whose
     load comes in a later batch stops being dense, and a retried batch changes nothing."""
-    from dashboard.panels import moe_layers
+    from dashboard.charts.panels import moe_layers
 
     run_id = ml.run(exp_id)
     layer2 = [_metric(f"experts/load/L2/e{e}", 0.5, 1) for e in range(2)]

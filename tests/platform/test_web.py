@@ -7,7 +7,7 @@ import json
 import pytest
 from django.test import Client
 
-from dashboard import schema_form
+from dashboard.web import schema_form
 from lab.runs import comments, lifecycle
 from lab.runs.models import Run
 

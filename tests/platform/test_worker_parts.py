@@ -9,7 +9,7 @@ from lab.jobs.outcome import outcome
 from lab.jobs.spawn import has_checkpoint, trainer_command
 from lab.jobs.tailer import MetricsTail
 from trainer.launch import Rendezvous, torchrun_command
-from trainer.run.files import parse_metric_lines
+from trainer.run_folder.files import parse_metric_lines
 
 
 def test_trainer_command_single_gpu_and_resume(tmp_path):

@@ -26,7 +26,7 @@ from lab.jobs import services as jobs
 from lab.jobs import spawn, supervisor
 from lab.jobs.worker_state import SHUTDOWN
 from lab.runs.models import Run, RunStatus
-from trainer.run.files import LOG_FILE, SUMMARY_FILE
+from trainer.run_folder.files import LOG_FILE, SUMMARY_FILE
 
 # argv: run_dir, mode. "direct": the stop signal reached the trainer with the
 # worker's (it stops at once); "passed_on": the trainer waits for the supervisor's

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from trainer import metric_keys as K
-from trainer.analysis.calibration import balance_of
 from trainer.analysis.intervals import bca_interval, holm, t_interval
 from trainer.analysis.power import Design, power, simulate_study
 from trainer.analysis.survival import (
@@ -20,6 +19,7 @@ from trainer.analysis.survival import (
     run_gap,
     run_table,
 )
+from trainer.studies.calibration import balance_of
 
 
 def test_holm_by_hand():
@@ -58,6 +58,21 @@ def test_power_grows_with_the_hazard_ratio():
     null = power(design, 1.0, sims=60, seed=1)
     strong = power(design, 4.0, sims=60, seed=1)
     assert null <= 0.15 and strong >= 0.8
+
+
+@pytest.mark.slow
+def test_power_of_the_cluster_robust_cox_fit():
+    """The near-edge study's primary fit: one baseline hazard, errors clustered by base."""
+    from trainer.analysis.power import dose_test
+
+    design = Design(doses=(0, 1, 2.5), runs_per_cell=24, bases=8, p0=0.25, horizon=200,
+                    model="cluster")  # fmt: skip
+    null = power(design, 1.0, sims=60, seed=2)
+    strong = power(design, 3.0, sims=60, seed=2)
+    assert null <= 0.15 and strong >= 0.8
+    time, event, dose, base = simulate_study(design, 2.0, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="model must be"):
+        dose_test(time, event, dose, base, model="frailty")
 
 
 def _run(variant, seed, base, moe, r3, gap, time, event, steps=150):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.algorithms.balance import aux_free_bias_update, router_z_loss, switch_aux_loss
-from trainer.run.measure import expert_load, max_violation
+from trainer.algorithms.measure import expert_load, max_violation
 
 torch.set_num_threads(1)
 

@@ -14,8 +14,8 @@ from trainer.config import (
     parse_override,
 )
 from trainer.config.presets import PRESETS, preset_dict, resolve_preset
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
+from trainer.validation import validate_config
 
 
 def errors_of(data) -> dict[str, list[str]]:

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from trainer.config import apply_overrides
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
+from trainer.validation import validate_config
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

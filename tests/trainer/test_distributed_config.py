@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config.validation import validate_config
 from trainer.distributed import SINGLE, DistContext, DistributedSetupError, init_distributed
 from trainer.errors import FieldError
+from trainer.validation import validate_config
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 from test_runner import FAST as RUNNER_FAST
 from test_runner import ROOT
 
-from trainer.run.files import read_metrics
+from trainer.run_folder.files import read_metrics
 
 # The runner tests' fast config, run a little longer (6 steps) with no checkpoint
 # before the end; later overrides win.

@@ -28,13 +28,13 @@ import torch
 from trainer.algorithms.losses import gather_logprobs
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict, resolve_preset
-from trainer.config.validation import validate_config
 from trainer.devices.capability import device_capability, has_fp8_gemm, has_fp8_grouped_gemm
 from trainer.model import TransformerLM
 from trainer.model.dispatch import resolve_backend
 from trainer.rollout.engine import RolloutEngine
-from trainer.run.files import read_metrics
 from trainer.run.runner import train
+from trainer.run_folder.files import read_metrics
+from trainer.validation import validate_config
 
 pytestmark = [
     pytest.mark.gpu,

@@ -185,7 +185,7 @@ def test_a_messages_dataset_row_becomes_its_rendered_conversation(tmp_path):
 
 
 def test_messages_and_template_kwargs_are_checked_by_the_schema():
-    from trainer.config.validation import validate_config
+    from trainer.validation import validate_config
 
     def errors(data):
         with pytest.raises(FieldError) as exc:

@@ -21,6 +21,7 @@ from trainer.hf import build_model, export_hf, resolve_model_source
 from trainer.hf import export as export_module
 from trainer.model.layers import positions_from_mask
 from trainer.run.checkpoint import save_checkpoint
+from trainer.run.export import export_run
 from trainer.tasks.byte_tokenizer import ByteTokenizer
 from trainer.tasks.tokenizer import CharTokenizer
 
@@ -103,7 +104,7 @@ def test_a_failed_export_leaves_no_folder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(export_module, "_write_weights", disk_full)
     with pytest.raises(OSError):
-        export_module.export_run(run, 3, tmp_path / "export")
+        export_run(run, 3, tmp_path / "export")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 

@@ -27,8 +27,10 @@ def _import(folder):
 
 
 def _class_value(config, key):
-    if key == "rope_theta":
-        return config.rope_parameters["rope_theta"]
+    if key in ("rope_theta", "partial_rotary_factor"):
+        return config.rope_parameters[key]
+    if key == "rope_parameters":  # the table keeps the base under rope_theta
+        return {k: v for k, v in config.rope_parameters.items() if k != "rope_theta"}
     if key == "num_experts" and not hasattr(config, key):
         return config.num_local_experts
     return getattr(config, key, None)

@@ -11,11 +11,11 @@ from hf_tiny_checkpoints import save_hf_checkpoint
 
 from trainer.cli import main as cli_main
 from trainer.config import ExperimentConfig
-from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf import build_model, export_hf, resolve_model_source
 from trainer.hf.families import model_fields_from_hf
 from trainer.model.layers import positions_from_mask
+from trainer.validation import validate_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,7 +41,7 @@ def _edit_config(folder, **changes):
         ({"router_jitter_noise": 0.1}, "router_jitter_noise"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
-        ({"model_type": "deepseek_v3"}, "deepseek_v3"),
+        ({"model_type": "qwen3_next"}, "qwen3_next"),
     ],
 )
 def test_unsupported_checkpoint_fields_are_errors_naming_the_field(tmp_path, changes, named):
@@ -100,7 +100,11 @@ def _hf_logits(folder, tokens, mask):
         ).logits
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3"])
+EXPORTED = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3")
+EXPORTED += ("deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss")
+
+
+@pytest.mark.parametrize("family", EXPORTED)
 def test_export_round_trips_through_transformers(family, tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
     save_hf_checkpoint(family, src)
@@ -110,6 +114,9 @@ def test_export_round_trips_through_transformers(family, tmp_path):
     with torch.no_grad():  # a trained policy differs from its source checkpoint
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
+        for layer in model.moe_layers:  # and so does a trained correction bias
+            if cfg.family in ("deepseek_v3", "glm4_moe"):
+                layer.router.selection_bias.add_(torch.randn_like(layer.router.selection_bias))
     export_hf(model.state_dict(), cfg, cfg.vocab_size, out)
     assert (out / "tokenizer.json").read_text() == '{"marker": 1}'
     tokens = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -141,6 +148,16 @@ def test_builtin_model_with_learned_positions_cannot_be_exported(tmp_path):
         export_hf(build_model(cfg, 40).state_dict(), cfg, 40, tmp_path)
 
 
+def test_a_selection_bias_a_family_cannot_hold_is_not_exported(tmp_path):
+    """An aux-free bias trained on a Qwen3-MoE would be dropped by a qwen3_moe export
+    (its checkpoints have no place for it): refused, while DeepSeek-V3 writes it."""
+    cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 4}}).model
+    model = build_model(cfg, 40)
+    model.moe_layers[0].router.selection_bias[1] = 0.01
+    with pytest.raises(FieldError, match="selection bias"):
+        export_hf(model.state_dict(), cfg, 40, tmp_path)
+
+
 def test_reader_gives_the_same_tensors_when_it_remaps_after_every_read(tmp_path):
     from safetensors.torch import load_file
 
@@ -162,6 +179,31 @@ def test_reader_gives_the_same_tensors_when_it_remaps_after_every_read(tmp_path)
         ({"family": "qwen2_moe"}, "no sigmoid-gated shared expert"),
         ({"family": "olmoe", "qk_norm": "full", "dense_layers": [0]}, "dense blocks"),
         ({"family": "llama"}, "an MoE model"),
+        ({"router": {"score": "sigmoid"}}, "a sigmoid router"),
+        ({"attention_sinks": True}, "attention sinks"),
+        ({"mla": {"enabled": True}}, "latent attention"),
+        (
+            {"family": "gpt_oss", "attention_sinks": True, "router": {"bias": True}},
+            "experts with bias=False",
+        ),
+        (
+            {
+                "family": "deepseek_v3",
+                "mla": {"enabled": True},
+                "router": {"score": "sigmoid"},
+                "shared_expert_hidden": 100,
+            },
+            "multiple of expert_hidden",
+        ),
+        (
+            {
+                "family": "glm4_moe",
+                "router": {"score": "sigmoid"},
+                "shared_expert_hidden": 256,
+                "dense_layers": [1],
+            },
+            "the first k only",
+        ),
     ],
 )
 def test_a_model_its_family_cannot_express_is_not_exported(tmp_path, model, named):

@@ -1,6 +1,9 @@
 """The Hugging Face architecture features of the lab's own model, without
 transformers: the rollout engine agrees with the training forward on GQA,
-q/k norm, biases, un-normalised gates, gated shared experts and dense blocks;
+q/k norm, biases, un-normalised gates, gated shared experts and dense blocks,
+and on DeepSeek's latent attention (the engine's absorbed attention over its latent
+cache), sigmoid group-limited routing with a selection bias and routed scaling,
+GLM-4.5's partial rotary and GPT-OSS's sinks, biases and clamped SwiGLU;
 Mixtral's routing equals softmax-then-renormalise; activation checkpointing
 leaves gradients unchanged; bad combinations are field errors."""
 
@@ -10,10 +13,10 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.model import TransformerLM, topk_gates
 from trainer.rollout import RolloutEngine, prompt_logprobs
+from trainer.validation import validate_config
 
 VOCAB = 24
 BASE = {"n_layers": 3, "d_model": 48, "n_heads": 4, "n_experts": 6, "top_k": 2, "expert_hidden": 16}
@@ -37,7 +40,32 @@ VARIANTS = {
     "olmoe-like": {"n_kv_heads": 2, "qk_norm": "full", "attention_bias": "qkvo"},
     # Multi-head with biases: the decode path that rotates q and k as one view.
     "llama-bias-like": {"attention_bias": "qkvo", "norm_topk_prob": False},
-}
+    "deepseek_v3-like": {
+        "mla": {"enabled": True, "q_lora_rank": 12, "kv_lora_rank": 16,
+                "qk_nope_head_dim": 8, "qk_rope_head_dim": 6, "v_head_dim": 10},
+        "router": {"score": "sigmoid", "n_groups": 3, "topk_groups": 2, "scaling": 2.5},
+        "shared_expert_hidden": 16, "dense_layers": [0], "dense_hidden": 40,
+        "rope_scaling": {"kind": "yarn", "factor": 4.0, "max_positions": 8,
+                         "mscale_all_dim": 0.8},
+    },
+    "deepseek_v2-like": {
+        "mla": {"enabled": True, "kv_lora_rank": 12, "qk_nope_head_dim": 6,
+                "qk_rope_head_dim": 4, "v_head_dim": 8},
+        "router": {"score": "softmax", "n_groups": 3, "topk_groups": 2, "group_score": "max",
+                   "scaling": 1.5},
+        "norm_topk_prob": False, "shared_expert_hidden": 32,
+    },
+    "glm4_moe-like": {
+        "n_kv_heads": 2, "rotary_fraction": 0.5, "qk_norm": "head", "attention_bias": "qkv",
+        "router": {"score": "sigmoid", "n_groups": 2, "topk_groups": 1, "scaling": 1.5},
+        "shared_expert_hidden": 16, "dense_layers": [0], "dense_hidden": 40,
+    },
+    "gpt_oss-like": {
+        "n_kv_heads": 2, "attention_sinks": True, "attention_bias": "qkvo",
+        "sliding_window": 3, "sliding_layers": [0, 2], "router": {"bias": True},
+        "expert_ffn": {"bias": True, "activation": "clamped_swiglu", "limit": 1.0},
+    },
+}  # fmt: skip
 
 
 def perturbed_model(cfg: ModelConfig, seed: int = 0) -> TransformerLM:
@@ -46,10 +74,13 @@ def perturbed_model(cfg: ModelConfig, seed: int = 0) -> TransformerLM:
     model = TransformerLM(cfg, VOCAB).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.dim() == 1 and name.endswith("bias"):
+            if name.endswith(("bias", "sinks", ".b_gate", ".b_up", ".b_down")):
                 param.normal_(0.0, 0.1)
             elif param.dim() == 1:
                 param.uniform_(0.5, 1.5)
+        if cfg.router.score == "sigmoid":  # DeepSeek-V3's live correction bias
+            for layer in model.moe_layers:
+                layer.router.selection_bias.normal_(0.0, 0.05)
     return model
 
 
@@ -145,6 +176,13 @@ def test_activation_checkpointing_gives_the_same_gradients(variant, noisy):
         ({"n_experts": 0, "dense_layers": [0]}, "model.dense_layers"),
         ({"qk_norm": "rms"}, "model.qk_norm"),
         ({"head_dim": 7}, "model.positional"),
+        ({"mla": {"enabled": True}, "qk_norm": "head"}, "model.qk_norm"),
+        ({"mla": {"enabled": True}, "attention_sinks": True}, "model.attention_sinks"),
+        ({"mla": {"qk_rope_head_dim": 5}}, "model.mla.qk_rope_head_dim"),
+        ({"router": {"n_groups": 3, "topk_groups": 2}}, "model.router"),
+        ({"router": {"n_groups": 2, "topk_groups": 3}}, "model.router.topk_groups"),
+        ({"n_experts": 8, "top_k": 3, "router": {"n_groups": 4, "topk_groups": 1}}, "model.top_k"),
+        ({"head_dim": 10, "rotary_fraction": 0.3}, "model.rotary_fraction"),
     ],
 )
 def test_bad_architecture_fields_are_field_errors(model, field):

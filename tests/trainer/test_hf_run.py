@@ -10,11 +10,11 @@ import torch
 from hf_tiny_checkpoints import save_char_tokenizer, save_hf_checkpoint
 
 from trainer.cli import main as cli_main
-from trainer.config.validation import validate_config
 from trainer.errors import BAD_INPUT_EXIT_CODE
 from trainer.hf import build_model, resolve_model_source
 from trainer.model.layers import positions_from_mask
 from trainer.run.checkpoint import load_checkpoint
+from trainer.validation import validate_config
 
 transformers = pytest.importorskip("transformers")
 

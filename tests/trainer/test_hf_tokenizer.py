@@ -110,7 +110,7 @@ def test_prompts_go_through_the_template_and_targets_do_not(tmp_path):
 
 def test_chat_template_needs_a_checkpoint_and_a_template(tmp_path):
     with pytest.raises(FieldError) as exc:
-        from trainer.config.validation import validate_config
+        from trainer.validation import validate_config
 
         validate_config({"model": {"chat_template": True}})
     assert "model.chat_template" in exc.value.as_dict()

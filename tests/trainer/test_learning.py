@@ -16,8 +16,8 @@ import pytest
 
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.run.runner import train
+from trainer.validation import validate_config
 
 STUDY = Path(__file__).resolve().parents[2] / "trainer" / "studies" / "causal.json"
 

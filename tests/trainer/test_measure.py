@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer import metric_keys as mk
-from trainer.run.measure import (
+from trainer.algorithms.measure import (
     estimator_stats,
     expert_load,
     expert_stats,

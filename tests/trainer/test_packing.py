@@ -57,15 +57,44 @@ def test_the_memory_share_is_read_checked_and_applied_on_cuda_only(monkeypatch):
     with pytest.raises(ValueError, match="not a number"):
         memory_share()
     monkeypatch.setenv(MEMORY_SHARE_ENV, "0.25")
-    calls = []
-    monkeypatch.setattr(
-        torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d))
-    )
+    calls = _torch_checks_the_device(monkeypatch)
     assert apply_memory_share(torch.device("cpu")) is None
     assert calls == []
-    cuda = torch.device("cuda", 0)
-    assert apply_memory_share(cuda) == 0.25
-    assert calls == [(0.25, cuda)]
+    assert apply_memory_share(torch.device("cuda", 0)) == 0.25
+    assert calls == [(0.25, 0)]
+
+
+def _torch_checks_the_device(monkeypatch) -> list:
+    """Run torch's own ``set_per_process_memory_fraction`` (its argument checks, which
+    refuse a device without an index) with only the CUDA runtime calls faked: no
+    lazy initialisation, device 0 current, the driver call recorded."""
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_lazy_init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch._C, "_cuda_setMemoryFraction", lambda f, d: calls.append((f, d)), raising=False
+    )
+    return calls
+
+
+def test_a_bare_cuda_device_fails_torchs_check_and_the_trainer_never_passes_one(monkeypatch):
+    """The GPU bug: ``torch.device("cuda")`` (no index) made torch raise "Expected a
+    torch.device with a specified index" in every packed run before its first step."""
+    from trainer.run.context import resolve_device
+    from trainer.studies import study
+
+    calls = _torch_checks_the_device(monkeypatch)
+    with pytest.raises(ValueError, match="specified index"):
+        torch.cuda.set_per_process_memory_fraction(0.5, torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("cuda", "auto"):
+        assert resolve_device(name) == torch.device("cuda", 0)
+    cfg = ExperimentConfig.model_validate({"run": {"device": "cuda"}})
+    assert study._device(cfg).index == 0  # the study's base warm starts
+    monkeypatch.setenv(MEMORY_SHARE_ENV, "0.125")
+    assert apply_memory_share(resolve_device("cuda")) == 0.125
+    assert apply_memory_share(torch.device("cuda")) == 0.125  # indexed on the way in
+    assert calls == [(0.125, 0), (0.125, 0)]
 
 
 def _slot_of_this_process(_: int) -> tuple[int, str | None, str | None]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config.validation import validate_config
 from trainer.model.param_count import config_params, format_params, model_params
+from trainer.model.shapes import parameter_shapes
 from trainer.model.transformer import TransformerLM
 from trainer.tasks.factory import make_task
+from trainer.validation import validate_config
 
 CASES = [
     {},  # the defaults: MoE, rope, tied
@@ -22,6 +23,16 @@ CASES = [
     # q/k/v biases + gated shared expert (Qwen2-MoE); full q/k norm + o bias
     {"model": {"attention_bias": "qkv", "shared_expert_hidden": 48, "shared_expert_gate": True}},
     {"model": {"attention_bias": "qkvo", "qk_norm": "full", "n_kv_heads": 1}},
+    # DeepSeek: latent attention (with and without q compression), ungated shared
+    # expert, sigmoid router in groups, dense first block
+    {"model": {"mla": {"enabled": True, "q_lora_rank": 24, "kv_lora_rank": 16},
+               "shared_expert_hidden": 32, "dense_layers": [0], "dense_hidden": 96,
+               "router": {"score": "sigmoid", "n_groups": 4, "topk_groups": 2}}},
+    {"model": {"mla": {"enabled": True, "v_head_dim": 8}, "tie_embeddings": False}},
+    # GPT-OSS: sinks, router bias, expert biases; GLM-4.5: partial rotary
+    {"model": {"attention_sinks": True, "attention_bias": "qkvo", "router": {"bias": True},
+               "expert_ffn": {"bias": True, "activation": "clamped_swiglu"}}},
+    {"model": {"rotary_fraction": 0.5, "qk_norm": "head", "attention_bias": "qkv"}},
 ]  # fmt: skip
 
 
@@ -37,6 +48,25 @@ def test_estimate_equals_the_built_model(overrides, value_head):
     vocab = cfg.model.vocab_size or make_task(cfg.task).tokenizer.vocab_size
     model = TransformerLM(cfg.model, vocab, value_head=value_head)
     assert model_params(cfg.model, vocab, value_head) == _real_count(model)
+
+
+@pytest.mark.parametrize("overrides", CASES)
+def test_parameter_shapes_are_the_built_models(overrides):
+    """trainer.model.shapes names every parameter with its shape (the validator's
+    expected checkpoint shapes come from it)."""
+    cfg = validate_config(overrides)
+    vocab = cfg.model.vocab_size or make_task(cfg.task).tokenizer.vocab_size
+    model = TransformerLM(cfg.model, vocab, value_head=True)
+    real = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert parameter_shapes(cfg.model, vocab, value_head=True) == real
+
+
+def test_active_parameters_count_top_k_experts_with_their_biases():
+    cfg = validate_config({"model": {"expert_ffn": {"bias": True}, "n_experts": 8, "top_k": 2}})
+    m = cfg.model
+    per_expert = 3 * m.d_model * m.expert_hidden + 2 * m.expert_hidden + m.d_model
+    total, active = model_params(m, 50), model_params(m, 50, active=True)
+    assert total - active == m.n_layers * (8 - 2) * per_expert
 
 
 def test_config_params_adds_ppos_value_head():

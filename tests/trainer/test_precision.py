@@ -11,11 +11,11 @@ from torch import nn
 
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.devices.precision import MasterWeights, cast_parameters
 from trainer.run.checkpoint import load_checkpoint
-from trainer.run.files import read_metrics
 from trainer.run.runner import train
+from trainer.run_folder.files import read_metrics
+from trainer.validation import validate_config
 
 
 def test_small_updates_accumulate_in_the_master_not_in_bf16():

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from trainer import metric_keys as K
+from trainer.algorithms.measure import mismatch_stats
 from trainer.config import ModelConfig
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
 from trainer.rollout.numerics import FP8_MAX, Numerics, fp8_round
-from trainer.run.measure import mismatch_stats
 
 VOCAB = 24
 

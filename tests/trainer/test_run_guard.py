@@ -16,7 +16,8 @@ import torch
 from test_runner import FAST, ROOT, fast_config
 
 from trainer.run.checkpoint import checkpoint_path, save_checkpoint
-from trainer.run.guard import (
+from trainer.run.runner import train
+from trainer.run_folder.guard import (
     LEASE_EXPIRED_EXIT_CODE,
     RUN_DIR_BUSY_EXIT_CODE,
     Lease,
@@ -26,7 +27,6 @@ from trainer.run.guard import (
     renew_lease,
     run_dir_is_locked,
 )
-from trainer.run.runner import train
 
 
 @pytest.fixture(autouse=True)
@@ -151,7 +151,7 @@ def test_a_rank_dies_with_its_launcher(tmp_path):
     pid_file = tmp_path / "rank.pid"
     rank = (
         "import os, sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from trainer.run.guard import die_with_launcher; die_with_launcher();"
+        "from trainer.run_folder.guard import die_with_launcher; die_with_launcher();"
         f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     )
     launcher = (

@@ -11,15 +11,15 @@ import torch
 
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.devices.run_mode import (
     CUBLAS_WORKSPACE_ENV,
     NumericsModeError,
     check_tf32_off,
-    device_record,
     numerics_mode,
 )
+from trainer.run.device_record import device_record
 from trainer.run.runner import train
+from trainer.validation import validate_config
 
 FAST = [
     "run.steps=2",
@@ -103,7 +103,7 @@ def test_device_record_says_which_fp8_gemms_are_native(
     monkeypatch, capability, mode, gemms, rollout_backend
 ):
     """Faked device properties: the record makes the engine's choice from the capability."""
-    monkeypatch.setattr("trainer.devices.run_mode.device_capability", lambda device: capability)
+    monkeypatch.setattr("trainer.run.device_record.device_capability", lambda device: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "faked")
     record = device_record(_cfg("rollout.precision=fp8"), torch.device("cuda"), torch.bfloat16)
     assert record["capability"] == f"sm{capability[0]}{capability[1]}"

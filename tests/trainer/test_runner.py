@@ -15,9 +15,9 @@ import pytest
 from trainer import metric_keys as K
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
-from trainer.run.files import read_metrics
 from trainer.run.runner import train
+from trainer.run_folder.files import read_metrics
+from trainer.validation import validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

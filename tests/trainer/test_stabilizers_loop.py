@@ -15,11 +15,11 @@ import torch
 from tests.trainer.conftest import left_padded_batch
 from trainer import metric_keys as K
 from trainer.algorithms.balance import router_z_loss, switch_aux_loss
+from trainer.algorithms.measure import expert_load, max_violation, routing_differs
 from trainer.config import ExperimentConfig
 from trainer.model import LayerRouting, TransformerLM, topk_gates
 from trainer.rollout import RolloutEngine, prompt_logprobs
 from trainer.rollout.data import RolloutData, ship_routing
-from trainer.run.measure import expert_load, max_violation, routing_differs
 from trainer.run.measure_step import measure_batch
 from trainer.run.update import PolicyUpdater
 from trainer.stabilizers.loop import Stabilizers

@@ -18,7 +18,8 @@ B, P, NEW = 4, 6, 5
 
 
 def _engines(precision: str, backend: str = "auto", **model):
-    cfg = resolve_preset("moe-grpo").model.model_copy(update=model)
+    base = resolve_preset("moe-grpo").model
+    cfg = type(base).model_validate({**base.model_dump(), **model})
     torch.manual_seed(0)
     policy = TransformerLM(cfg, VOCAB)
     engines = []
@@ -87,6 +88,32 @@ def test_static_step_with_a_sliding_window():
     assert torch.equal(routing[0], routing[1])
 
 
+FEATURES = {
+    "latent attention, sigmoid groups": {
+        "mla": {"enabled": True, "q_lora_rank": 16, "kv_lora_rank": 24},
+        "router": {"score": "sigmoid", "n_groups": 4, "topk_groups": 2, "scaling": 2.5},
+        "shared_expert_hidden": 32,
+    },
+    "sinks, biases, clamp, sliding": {
+        "attention_sinks": True, "attention_bias": "qkvo", "sliding_window": 4,
+        "sliding_layers": [0], "router": {"bias": True},
+        "expert_ffn": {"bias": True, "activation": "clamped_swiglu", "limit": 1.0},
+    },
+    "partial rotary": {"rotary_fraction": 0.5, "qk_norm": "head", "n_kv_heads": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("features", sorted(FEATURES))
+def test_static_step_with_the_routed_families_features(features):
+    """The latent cache (its values a view of the rows), sinks, partial rotary and the
+    routers of DeepSeek/GLM/GPT-OSS decode the same over the whole cache width."""
+    steps, routing, caches = _decode_both("fp32", **FEATURES[features])
+    for a, b in steps:
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert torch.equal(routing[0], routing[1])
+    torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=1e-6)
+
+
 def test_static_step_makes_no_host_sync():
     _, static = _engines("fp32")
     prompts = torch.randint(3, VOCAB, (B, P))
@@ -122,8 +149,8 @@ def test_compiled_static_step_equals_eager():
 
 
 def test_compiled_decode_is_refused_where_it_cannot_run():
-    from trainer.config.validation import validate_config
     from trainer.errors import FieldError
+    from trainer.validation import validate_config
 
     for extra, why in (
         ({"kv_cache": False}, "kv_cache"),
@@ -136,7 +163,7 @@ def test_compiled_decode_is_refused_where_it_cannot_run():
 
 
 def test_a_compiled_engine_stores_fp32_experts_on_the_padded_backend_and_says_so():
-    from trainer.devices.run_mode import device_record
+    from trainer.run.device_record import device_record
 
     cfg = resolve_preset("moe-grpo").model
     assert RolloutEngine(cfg, VOCAB, precision="fp32", decode="compiled").moe_backend == "padded"

@@ -49,13 +49,27 @@ def test_builtin_definitions_cover_the_issue_variants():
         "moe-grpo-tis", "moe-grpo-lb-surgery", "moe-ppo",
     }  # fmt: skip
     assert len(quick.seeds) >= 3
-    full = load_definition("full")
-    assert full.config_for(full.variants[0], 0).model.n_experts >= 32
+    gpu = load_definition("gpu-mismatch")
+    assert gpu.config_for(gpu.variants[0], 0).model.n_experts >= 32
 
 
-@pytest.mark.parametrize("name", ["causal", "full"])
+def test_the_gpu_study_asks_the_real_mismatch_question():
+    """An fp32 trainer against bf16 and fp8 engines (no router noise), the fp32 engine as
+    the zero-gap control, R3 at each low precision, >= 8 seeds a cell, 400 steps."""
+    study = load_definition("gpu-mismatch")
+    configs = {v.name: study.config_for(v, 5) for v in study.variants}
+    assert len(study.seeds) >= 8 and study.analysis == "edge"
+    assert all(c.optim.param_dtype == "fp32" and not c.run.tf32 for c in configs.values())
+    assert all(c.rollout.router_noise == 0 and c.run.steps == 400 for c in configs.values())
+    assert all((c.model.n_layers, c.model.n_experts) == (8, 32) for c in configs.values())
+    precisions = {(c.rollout.precision, c.stabilizers.replay.mode) for c in configs.values()}
+    assert precisions == {("fp32", "none"), ("bf16", "none"), ("bf16", "r3"), ("fp8", "none"),
+                          ("fp8", "r3")}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["causal"])
 def test_causal_definitions_ask_the_routing_only_question(name):
-    """Both the CPU and the GPU study: a routing-only dose on fp32 rollouts, R3 at each
+    """The CPU study: a routing-only dose on fp32 rollouts, R3 at each
     non-zero dose, the dense zero-gap control, >= 10 runs a cell over >= 4 bases."""
     study = load_definition(name)
     assert study.analysis == "causal" and study.bases >= 4 and len(study.seeds) >= 10
@@ -257,7 +271,7 @@ def test_distinct_bases_train_in_parallel_once_each(tmp_path, monkeypatch):
          "seed_fields": ["warm_start.seed"], "variants": [{"name": "moe"}]}
     )  # fmt: skip
     configs = [study.config_for(study.variants[0], seed) for seed in study.seeds]
-    _train_bases(configs, parallel=2)
+    _train_bases(configs, 2, "off", None, tmp_path / "bases", None)
     assert len(list((tmp_path / "cache").rglob("*.pt"))) == 2
 
 
@@ -268,3 +282,14 @@ def test_set_may_not_override_what_a_variant_sets_itself():
     with pytest.raises(FieldError, match=r"dense-grpo set model\.n_experts"):
         check_overrides(kl, ["model.n_experts=16"])
     check_overrides(kl, ["model.n_layers=4", "run.steps=10"])  # nobody's own field: fine
+
+
+def test_a_dry_plan_of_the_gpu_study_runs_on_the_cpu(tmp_path, capsys):
+    """The GPU study is planned before a slot, on any machine: no run, no warm start."""
+    from trainer.cli import main as cli_main
+
+    code = cli_main(["study", "gpu-mismatch", "--out", str(tmp_path / "gpu"), "--dry",
+                     "--device", "NVIDIA H200", "--budget-s", "720"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "study gpu-mismatch: 40 runs" in out and "plan on NVIDIA H200" in out
+    assert not (tmp_path / "gpu" / "moe-bf16").exists()

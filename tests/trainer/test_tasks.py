@@ -9,7 +9,6 @@ import pytest
 
 from trainer.config import ArithmeticTaskConfig, ExperimentConfig, SortTaskConfig
 from trainer.config.presets import PRESETS, resolve_preset
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.tasks import (
     HELD_OUT_SHARE,
@@ -21,6 +20,7 @@ from trainer.tasks import (
     make_task,
 )
 from trainer.tasks.arithmetic import add_scratchpad, mul_scratchpad, sub_scratchpad
+from trainer.validation import validate_config
 
 
 def arithmetic(**kwargs) -> ArithmeticTask:

@@ -6,15 +6,18 @@ templates take plain {field} names only (no format specs that cost memory)."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 
 from trainer.cli import main as cli_main
 from trainer.config import TextTaskConfig
-from trainer.config.validation import validate_config
+from trainer.config.task import DEFAULT_MAX_PROMPT_CHARS
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
-from trainer.tasks.text_data import build_problems, read_table
+from trainer.tasks import make_task
+from trainer.tasks.text_data import MAX_LINE_BYTES, build_problems, read_table
 from trainer.tasks.verifiers import make_verifier
+from trainer.validation import validate_config
 
 
 def _row(i: int) -> bytes:
@@ -75,3 +78,46 @@ def test_a_file_of_unreadable_rows_is_a_field_error_naming_lines(tmp_path, capsy
     assert code == BAD_INPUT_EXIT_CODE and "Traceback" not in err
     assert "task.data_file" in err and "line 1" in err and "line 2" in err
     assert not out.exists()
+
+
+def test_prompts_are_bounded_by_default(tmp_path):
+    """No max_prompt_chars given (or a stored null): the default bound still skips a
+    prompt no model could hold."""
+    assert TextTaskConfig().max_prompt_chars == DEFAULT_MAX_PROMPT_CHARS
+    assert TextTaskConfig(max_prompt_chars=None).max_prompt_chars == DEFAULT_MAX_PROMPT_CHARS
+    lines = [_row(i) for i in range(6)]
+    lines[3] = json.dumps(
+        {"question": "y" * (DEFAULT_MAX_PROMPT_CHARS + 1), "answer": "#### 1"}
+    ).encode()
+    table = _table(lines, tmp_path)
+    assert len(table.problems) == 5
+    assert table.bad_lines == {
+        f"prompt longer than max_prompt_chars={DEFAULT_MAX_PROMPT_CHARS}": [4]
+    }
+
+
+def test_a_huge_line_is_skipped_without_being_held(tmp_path):
+    """The review's 50 MB prompt line (here 100 MB): skipped at read, counted with its
+    line number, while reading holds at most about the line bound; validation and the
+    task go on with the other rows."""
+    file = tmp_path / "data.jsonl"
+    with file.open("wb") as out:
+        for i in range(10):
+            out.write(_row(i) + b"\n")
+        out.write(b'{"question": "' + b"z" * (100 * 1024 * 1024) + b'", "answer": "#### 1"}\n')
+        out.write(b"[" * 100_000 + b"]" * 100_000 + b"\n")  # nested past the JSON parser's stack
+        out.write(_row(10) + b"\n")
+    tracemalloc.start()
+    try:
+        read = read_table(file, "task.data_file")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * MAX_LINE_BYTES, peak  # the line is over six times that
+    assert [line for line, _ in read.skipped] == [11, 12]
+    assert read.skipped[0][1] == f"line longer than {MAX_LINE_BYTES >> 20} MiB"
+    assert read.skipped[1][1] == "not valid JSON (nested too deeply)"
+    cfg = validate_config(
+        {"task": {"name": "text", "data_file": str(file)}, "model": {"max_seq_len": 128}}
+    )
+    assert make_task(cfg.task).data_report()["data_file"]["problems"] == 11

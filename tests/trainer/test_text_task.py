@@ -13,7 +13,6 @@ import pytest
 
 from trainer.config import ExperimentConfig, TextTaskConfig
 from trainer.config.presets import resolve_preset
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
 from trainer.tasks import TextTask, check_lengths, make_task
 from trainer.tasks.byte_tokenizer import ByteTokenizer
@@ -24,10 +23,9 @@ from trainer.tasks.verifiers import (
     NumericVerifier,
     final_answer,
     last_boxed,
-    load_callable,
-    make_verifier,
     parse_number,
 )
+from trainer.validation import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,11 +39,6 @@ def text_task(path: Path, **kwargs) -> TextTask:
     task = make_task(TextTaskConfig(data_file=str(path), **kwargs))
     assert isinstance(task, TextTask)
     return task
-
-
-# Custom reward for the python verifier: 1 when the answer occurs in the response.
-def contains_answer(response: str, answer: str) -> float:
-    return 1.0 if answer in response else 0.25
 
 
 # --------------------------------------------------------------------------- extraction
@@ -131,22 +124,13 @@ def test_choice_verifier_reads_the_last_label():
     assert v.reward("#### D", "B", 0.1) == 0.1
 
 
-def test_python_verifier_by_import_path():
-    v = make_verifier("python", function=f"{__name__}:contains_answer")
-    assert v.reward("it is 42", "42", 0.0) == 1.0
-    assert v.reward("it is 41", "42", 0.0) == 0.25
-    assert v.is_correct("42", "42") and not v.is_correct("41", "42")
-    assert load_callable(f"{__name__}.contains_answer") is contains_answer
-    with pytest.raises(ValueError, match="cannot import"):
-        load_callable("no_such_module_xyz:f")
-    with pytest.raises(ValueError, match="has no function"):
-        load_callable(f"{__name__}:nope")
-
-
 def test_python_verifier_bad_path_is_a_field_error(tmp_path):
+    # Building the task imports nothing (the function runs in its own process,
+    # tests/trainer/test_reward_process.py); starting it names the field.
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}] * 3)
+    task = text_task(path, verifier="python", reward_function="no_such_module_xyz:f")
     with pytest.raises(FieldError) as info:
-        text_task(path, verifier="python", reward_function="no_such_module_xyz:f")
+        task.start()
     assert info.value.errors[0][0] == "task.reward_function"
     errors = _field_errors({"task": {"name": "text", "verifier": "python"}})
     assert errors[0][0] == "task.reward_function"

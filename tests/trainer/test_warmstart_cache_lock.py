@@ -11,9 +11,10 @@ import torch
 
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
+from trainer.devices.environment import cpu_key
 from trainer.run.warmstart import cache_dir, train_base_policy, warm_start_key
 from trainer.tasks.factory import make_task
+from trainer.validation import validate_config
 
 
 class Cancelled(Exception):
@@ -83,5 +84,24 @@ def test_the_cpu_thread_count_is_part_of_the_base_key():
         gpu = warm_start_key(cfg, 32, torch.device("cuda"))
     finally:
         torch.set_num_threads(before)
-    assert one.endswith("-cpu1") and two.endswith("-cpu2") and one[:-5] == two[:-5]
-    assert gpu == one[: -len("-cpu1")]  # a GPU's base does not depend on CPU threads
+    suffix = f"-{cpu_key()}"
+    assert one.endswith(f"-cpu1{suffix}") and two.endswith(f"-cpu2{suffix}")
+    assert one.removesuffix(f"-cpu1{suffix}") == two.removesuffix(f"-cpu2{suffix}")
+    assert gpu == one.removesuffix(f"-cpu1{suffix}")  # a GPU's base does not depend on the CPU
+
+
+def test_the_cpu_is_part_of_the_base_key(monkeypatch):
+    """Another CPU trains another base from the same config (other kernels): a cache
+    shared between machines must keep their bases apart, by capability and by model."""
+    from trainer.devices import environment
+
+    cfg = validate_config(preset_dict("moe-grpo"))
+    cpu = torch.device("cpu")
+    here = warm_start_key(cfg, 32, cpu)
+    record = dict(environment.cpu_record())
+    monkeypatch.setattr(environment, "cpu_record", lambda: {**record, "capability": "AVX2"})
+    other_isa = warm_start_key(cfg, 32, cpu)
+    monkeypatch.setattr(environment, "cpu_record", lambda: {**record, "model_name": "Other CPU"})
+    other_model = warm_start_key(cfg, 32, cpu)
+    assert len({here, other_isa, other_model}) == 3
+    assert "-AVX2-" in other_isa

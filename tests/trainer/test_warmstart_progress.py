@@ -11,10 +11,15 @@ from test_runner import FAST as RUNNER_FAST
 from trainer import metric_keys as K
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
-from trainer.run.files import PROGRESS_FILE, read_metrics
 from trainer.run.runner import train
-from trainer.run.warmstart_progress import WarmStartReporter, eta_seconds, format_eta, read_progress
+from trainer.run_folder.files import PROGRESS_FILE, read_metrics
+from trainer.run_folder.warmstart_progress import (
+    WarmStartReporter,
+    eta_seconds,
+    format_eta,
+    read_progress,
+)
+from trainer.validation import validate_config
 
 # The runner tests' fast config, 2 steps.
 FAST = [*RUNNER_FAST, "run.steps=2"]

@@ -11,10 +11,10 @@ import torch
 
 from trainer.config import apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.run import warmstart
 from trainer.run.warmstart import cache_dir, partial_path, train_base_policy, warm_start_key
 from trainer.tasks.factory import make_task
+from trainer.validation import validate_config
 
 # A few seconds on one thread: 8 SFT steps, a held-out check every 3, a target out
 # of reach so every warm start runs all 8 steps.

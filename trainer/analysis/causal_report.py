@@ -20,11 +20,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trainer import metric_keys as K
+from trainer.analysis.causal_markdown import markdown
+from trainer.analysis.clustered import linear_effect, paired_contrast
 from trainer.analysis.collapse import rejudge_collapse
 from trainer.analysis.intervals import bca_interval, holm, t_interval
 from trainer.analysis.survival import (
@@ -35,7 +36,8 @@ from trainer.analysis.survival import (
     run_gap,
     run_table,
 )
-from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
+from trainer.devices.environment import group_environments
+from trainer.run_folder.files import SUMMARY_FILE, read_metrics, run_succeeded
 
 ALPHA = 0.05
 START_STEPS = 10  # "at the start": the mean over a run's first steps
@@ -61,8 +63,10 @@ def load_runs(study, out: Path) -> list[dict[str, Any]]:
                     "moe": cfg.model.is_moe,
                     "r3": cfg.stabilizers.replay.mode == "r3",
                     "sigma": cfg.rollout.router_noise,
+                    "precision": cfg.rollout.precision,
                     "rows": rows,
                     "summary": summary,
+                    "environment": summary.get("environment"),
                 }
             )
     return runs
@@ -73,13 +77,24 @@ def _mean_of(rows: list[dict], key: str, steps: slice) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _eval_points(rows: list[dict]) -> list[float]:
-    return [r[K.EVAL_ACCURACY] for r in rows if r.get(K.EVAL_ACCURACY) is not None]
+def endpoint_key(rows: list[dict]) -> str:
+    """The learning endpoint's metric: held-out accuracy without the engine's gap
+    (``eval/accuracy_clean``) where the run logged it; runs from before it existed
+    (the causal study's) have only the engine's figure, ``eval/accuracy``."""
+    return (
+        K.EVAL_ACCURACY_CLEAN if any(K.EVAL_ACCURACY_CLEAN in r for r in rows) else K.EVAL_ACCURACY
+    )
 
 
-def heldout_change(run: dict[str, Any]) -> float | None:
-    """A run's held-out accuracy at its last evaluation minus at its first."""
-    points = _eval_points(run["rows"])
+def _eval_points(rows: list[dict], key: str | None = None) -> list[float]:
+    key = key or endpoint_key(rows)
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def heldout_change(run: dict[str, Any], key: str | None = None) -> float | None:
+    """A run's held-out accuracy at its last evaluation minus at its first (the
+    learning endpoint unless ``key`` names another series)."""
+    points = _eval_points(run["rows"], key)
     return points[-1] - points[0] if points else None
 
 
@@ -100,6 +115,7 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             return statistics.fmean(values) if values else None
 
         table[name] = {
+            "name": name,
             "runs": len(members),
             "bases": sorted({r["base"] for r in members}),
             "collapsed": sum(bool(r["summary"]["collapsed"]) for r in members),
@@ -126,8 +142,17 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "heldout_change_t": t_interval(change),
             "heldout_change_bca": bca_interval(change) if len(change) >= 3 else None,
             "improved": sum(c > 0 for c in change),
+            "endpoint": endpoint_key(members[0]["rows"]),
+            # The rollout engine's figure beside the endpoint (its gap included).
+            "heldout_engine_change": _mean_or_none(
+                [c for r in members if (c := heldout_change(r, K.EVAL_ACCURACY)) is not None]
+            ),
         }
     return table
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def paired_contrasts(
@@ -139,6 +164,7 @@ def paired_contrasts(
     if reference is None:
         return {}
     changes: dict[str, dict[int, float]] = {}
+    bases = {run["seed"]: run["base"] for run in runs if "base" in run}
     for run in runs:
         change = heldout_change(run)
         if change is not None:
@@ -148,10 +174,36 @@ def paired_contrasts(
     for name, by_seed in changes.items():
         if name == reference:
             continue
-        diffs = [by_seed[s] - base[s] for s in sorted(by_seed.keys() & base.keys())]
+        seeds = sorted(by_seed.keys() & base.keys())
+        diffs = [by_seed[s] - base[s] for s in seeds]
         if diffs:
             out[name] = {"pairs": len(diffs), "mean": statistics.fmean(diffs),
                          "t": t_interval(diffs)}  # fmt: skip
+            if seeds and all(s in bases for s in seeds) and len({bases[s] for s in seeds}) >= 2:
+                clustered = paired_contrast(diffs, [bases[s] for s in seeds])
+                out[name].update({k: clustered[k] for k in CLUSTERED_KEYS if k in clustered})
+    return out
+
+
+CLUSTERED_KEYS = ("bases", "cluster_base", "wild_cluster", "bases_positive")
+
+
+def replay_contrasts(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each MoE+R3 cell against the MoE cell without replay at the same router noise and
+    rollout precision, paired by seed (so by base), with base-clustered inference (``paired_contrasts``)."""
+    cells: dict[tuple[bool, float, str], str] = {}
+    for run in runs:
+        if run["moe"]:
+            key = (run["r3"], run["sigma"], run.get("precision", "fp32"))
+            cells.setdefault(key, run["variant"])
+    out = {}
+    for (r3, sigma, precision), name in cells.items():
+        partner = cells.get((False, sigma, precision))
+        if r3 and partner is not None:
+            pair = [r for r in runs if r["variant"] in (name, partner)]
+            contrast = paired_contrasts(pair, partner).get(name)
+            if contrast:
+                out[name] = {"against": partner, **contrast}
     return out
 
 
@@ -168,28 +220,42 @@ def collapse_rate_bound(collapsed: int, runs: int, level: float = 0.95) -> float
     return float(stats.beta.ppf(level, collapsed + 1, runs - collapsed))
 
 
-def learning_slope(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+def learning_slope(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Held-out accuracy change (first to last evaluation) against the routing gap
-    (per 10 points) over the MoE runs without replay: scipy's least-squares line,
-    the slope with its 95% t interval."""
-    from scipy import stats
+    (per 10 points) over the MoE runs without replay, under every inference of
+    ``trainer.analysis.clustered.linear_effect``: plain least squares (the
+    amendment's registered secondary outcome), base and seed fixed effects,
+    cluster-robust by base, and the wild-cluster bootstrap by base. The plain
+    fit's slope, interval and p stay at the top level as registered."""
+    import pandas as pd
 
-    xs, ys = [], []
+    records = []
     for run in runs:
         points = _eval_points(run["rows"])
         if len(points) >= 2:
-            xs.append(run_gap(run["rows"]) / GAP_UNIT)
-            ys.append(points[-1] - points[0])
-    if len(xs) < 3 or len(set(xs)) < 2:
+            records.append(
+                {
+                    "gap10": run_gap(run["rows"]) / GAP_UNIT,
+                    "change": points[-1] - points[0],
+                    "base": run.get("base", 0),
+                    "seed": run.get("seed", len(records)),
+                }
+            )
+    frame = pd.DataFrame.from_records(records)
+    if len(frame) < 3 or frame["gap10"].nunique() < 2:
         return None
-    fit = stats.linregress(xs, ys)
-    half = stats.t.ppf(0.975, len(xs) - 2) * fit.stderr
+    effect = linear_effect(frame, "change", "gap10") if frame["base"].nunique() >= 2 else None
+    from scipy import stats
+
+    fit = stats.linregress(frame["gap10"], frame["change"])
+    half = stats.t.ppf(0.975, len(frame) - 2) * fit.stderr
     return {
-        "runs": len(xs),
+        "runs": len(frame),
         "slope": float(fit.slope),
         "low": float(fit.slope - half),
         "high": float(fit.slope + half),
         "p": float(fit.pvalue),
+        "clustered": effect,
     }
 
 
@@ -244,6 +310,14 @@ def causal_report(study, out: Path) -> dict[str, Any]:
     cells = cell_table(runs)
     for cell in cells.values():
         cell["collapse_rate_upper95"] = collapse_rate_bound(cell["collapsed"], cell["runs"])
+        # If collapse proneness belongs to the base, the independent units are the bases:
+        # the bound over bases with no collapsed run (0 of 4 bases: 53%).
+        collapsed_bases = len({r["base"] for r in runs if r["variant"] == cell["name"]
+                               and r["summary"]["collapsed"]})  # fmt: skip
+        cell["bases_collapsed"] = collapsed_bases
+        cell["collapse_rate_upper95_by_base"] = collapse_rate_bound(
+            collapsed_bases, len(cell["bases"])
+        )
     dosed = [r for r in no_replay_moe if r["sigma"] > 0]
     pooled = {
         "runs": len(dosed),
@@ -257,14 +331,29 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         "learning_slope": learning_slope(no_replay_moe),
         "reference": getattr(study, "reference", None),
         "against_reference": paired_contrasts(runs, getattr(study, "reference", None)),
+        "replay_contrasts": replay_contrasts(runs),
         "dose_model": dose,
         "architecture_model": arch,
         "lead_lag_model": lead_lag,
         "p_raw": raw,
         "p_holm": adjusted,
         "decision": decide(dose, adjusted, pooled),
+        "registration": getattr(study, "analysis", None) or "causal",
         "per_run": frame.to_dict(orient="records") if len(frame) else [],
+        "environments": group_environments(
+            [(f"{r['variant']}/seed{r['seed']}", r["environment"]) for r in runs]
+        ),
     }
+    if report["registration"] == "edge":  # the near-edge study's own registered tests
+        from trainer.analysis.edge_tests import decide_edge, edge_tests
+
+        controls = [r for r in no_replay_moe if r["sigma"] == 0]
+        report["registered"] = edge_tests(frame) if len(frame) else {}
+        report["decision"] = decide_edge(
+            report["registered"],
+            sum(bool(r["summary"]["collapsed"]) for r in controls),
+            len(controls),
+        )
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
     (out / "causal.md").write_text(markdown(report) + "\n")
     if runs:
@@ -328,101 +417,3 @@ def write_figure(runs: list[dict[str, Any]], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _hr(effect: dict | None) -> str:
-    if not effect:
-        return "-"
-    return f"{effect['hr']:.2f} [{effect['hr_low']:.2f}, {effect['hr_high']:.2f}], p = {effect['p']:.3g}"
-
-
-def _fmt(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _interval(ci: Sequence[float] | None) -> str:
-    return "-" if not ci else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
-
-
-def markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"Runs analysed: {report['runs']}.",
-        "",
-        "| cell | sigma | runs (bases) | collapsed | collapse steps | routing gap % | k3 x1e-3 | "
-        "chi2 seq | ESS seq | first-minibatch clip % | response tokens | held-out start -> end | "
-        "change [t 95%] | change [BCa 95%] | improved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, c in report["cells"].items():
-        steps = ", ".join(str(s) for s in c["collapse_steps"]) or "-"
-        k3 = None if c["kl_k3"] is None else 1e3 * c["kl_k3"]
-        lines.append(
-            f"| {name} | {c['sigma']:g} | {c['runs']} ({len(c['bases'])}) | {c['collapsed']} | "
-            f"{steps} | {100 * c['routing_gap']:.2f} | {_fmt(k3, '.3f')} | "
-            f"{_fmt(c['chi2_seq'], '.3f')} | {_fmt(c['ess_seq'], '.3f')} | "
-            f"{_fmt(None if c['clip_first'] is None else 100 * c['clip_first'], '.2f')} | "
-            f"{_fmt(c['response_tokens'], '.1f')} | {_fmt(c['heldout_start'], '.3f')} -> "
-            f"{_fmt(c['heldout_end'], '.3f')} | {_interval(c['heldout_change_t'])} | "
-            f"{_interval(c['heldout_change_bca'])} | {c['improved']}/{c['runs']} |"
-        )
-    if report.get("against_reference"):
-        lines += [
-            "",
-            f"Against the reference cell {report['reference']} on the same seeds and bases "
-            "(held-out change, paired, t 95%), and the whole run's clip and IS shares:",
-            "",
-            "| cell | pairs | change vs reference | policy clip % | IS truncated % | IS masked % |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, pair in report["against_reference"].items():
-            c = report["cells"][name]
-            shares = [
-                None if c[k] is None else 100 * c[k] for k in ("clip", "is_truncated", "is_masked")
-            ]
-            lines.append(
-                f"| {name} | {pair['pairs']} | {pair['mean']:+.3f} {_interval(pair['t'])} | "
-                + " | ".join(_fmt(v, ".2f") for v in shares)
-                + " |"
-            )
-    dose, arch, ll = report["dose_model"], report["architecture_model"], report["lead_lag_model"]
-    adj = report["p_holm"]
-    lines += [
-        "",
-        "| pre-registered test | hazard ratio [95% CI], Wald p | Holm-adjusted p |",
-        "|---|---|---|",
-        f"| H1: MoE hazard per 10 points of routing gap (no replay) | "
-        f"{_hr(dose and dose['gap'])} | {_fmt(adj['H1'], '.3g')} |",
-        f"| H2: R3 x gap interaction | {_hr(dose and dose.get('r3_interaction'))} | "
-        f"{_fmt(adj['H2'], '.3g')} |",
-        f"| H3: MoE vs dense at zero gap | {_hr(arch and arch['moe'])} | {_fmt(adj['H3'], '.3g')} |",
-        f"| (MoE+R3 hazard per 10 points of gap) | {_hr(dose and dose.get('gap_with_r3'))} | - |",
-    ]
-    if ll:
-        lines += [
-            "",
-            f"Lead-lag (time-varying Cox, MoE without replay, lag {ll['lag']} steps, "
-            f"{ll['events']} collapses over {ll['rows']} run-steps at risk): hazard ratio per "
-            f"decade of lagged k3 {_hr(ll['k3_per_decade'])}; per 10 points of lagged routing "
-            f"gap {_hr(ll['routing_per_10pct'])}.",
-        ]
-    pooled, slope = report["dosed_moe_pooled"], report["learning_slope"]
-    bounds = ", ".join(
-        f"{name} {100 * c['collapse_rate_upper95']:.0f}%"
-        for name, c in report["cells"].items()
-        if c.get("collapse_rate_upper95") is not None
-    )
-    lines += [
-        "",
-        f"Collapse probability within the run, one-sided 95% upper bounds (exact binomial): "
-        f"{bounds}; MoE without replay at any non-zero gap, pooled: {pooled['collapsed']} of "
-        f"{pooled['runs']}, below "
-        f"{_fmt(None if pooled['collapse_rate_upper95'] is None else 100 * pooled['collapse_rate_upper95'], '.0f')}%.",
-    ]
-    if slope:
-        lines.append(
-            f"Held-out accuracy change against the routing gap (MoE without replay, "
-            f"{slope['runs']} runs): {slope['slope']:+.3f} per 10 points "
-            f"[{slope['low']:+.3f}, {slope['high']:+.3f}], p = {slope['p']:.3g}."
-        )
-    lines += ["", f"Decision (pre-registered rule): {report['decision']}."]
-    return "\n".join(lines)

@@ -45,7 +45,7 @@ import numpy as np
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
 from trainer.config import CollapseConfig, ExperimentConfig
-from trainer.run.files import CONFIG_FILE, read_metrics, run_succeeded
+from trainer.run_folder.files import CONFIG_FILE, read_metrics, run_succeeded
 
 PROMPT_CONCENTRATION = 0.4
 

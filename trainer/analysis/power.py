@@ -11,7 +11,9 @@ of routing inconsistency in the causal study). Runs still alive at
 ``horizon`` are censored there, as a study's runs end at their last step.
 Bases differ: each base multiplies the hazard of its runs by a gamma frailty
 of mean 1 and variance ``frailty_var`` (0 = identical bases), and the fit
-stratifies by base, as the analysis does.
+either stratifies by base (``model="strata"``, the causal study's) or keeps
+one baseline hazard with robust errors clustered by base
+(``model="cluster"``, the near-edge study's), as the analysis does.
 
 Power = the share of simulated studies whose Cox fit gives a dose coefficient
 with a two-sided Wald p below ``alpha`` AND a positive estimate (the
@@ -43,6 +45,7 @@ class Design:
     p0: float
     horizon: int = 150
     frailty_var: float = 0.0
+    model: str = "strata"  # "strata": stratified by base; "cluster": robust errors by base
 
 
 def simulate_study(design: Design, hazard_ratio: float, rng: np.random.Generator):
@@ -64,8 +67,10 @@ def simulate_study(design: Design, hazard_ratio: float, rng: np.random.Generator
     return time, event, dose, base
 
 
-def dose_test(time, event, dose, base) -> tuple[float, float]:
-    """(coefficient, two-sided Wald p) of the dose in a Cox model stratified by base.
+def dose_test(time, event, dose, base, model: str = "strata") -> tuple[float, float]:
+    """(coefficient, two-sided Wald p) of the dose in a Cox model stratified by base
+    (``model="strata"``) or with robust sandwich errors clustered by base
+    (``model="cluster"``).
 
     No events at all: (0, 1) (nothing to test). lifelines' Newton-Raphson with a
     small ridge (penalizer 1e-4) so a cell without events does not diverge."""
@@ -75,10 +80,13 @@ def dose_test(time, event, dose, base) -> tuple[float, float]:
     if not np.any(event):
         return 0.0, 1.0
     frame = pd.DataFrame({"time": time, "event": event.astype(int), "dose": dose, "base": base})
+    if model not in ("strata", "cluster"):
+        raise ValueError(f"model must be 'strata' or 'cluster', not {model!r}")
     fitter = CoxPHFitter(penalizer=1e-4)
+    grouping = {"strata": ["base"]} if model == "strata" else {"cluster_col": "base"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fitter.fit(frame, duration_col="time", event_col="event", strata=["base"])
+        fitter.fit(frame, duration_col="time", event_col="event", **grouping)
     return float(fitter.params_["dose"]), float(fitter.summary.loc["dose", "p"])
 
 
@@ -88,7 +96,7 @@ def power(
     rng = np.random.default_rng(seed)
     hits = 0
     for _ in range(sims):
-        coef, p = dose_test(*simulate_study(design, hazard_ratio, rng))
+        coef, p = dose_test(*simulate_study(design, hazard_ratio, rng), model=design.model)
         hits += p < alpha and coef > 0
     return hits / sims
 
@@ -134,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--p0", type=float, default=0.15, help="event rate at dose 0")
     parser.add_argument("--horizon", type=int, default=150)
     parser.add_argument("--frailty-var", type=float, default=0.0)
+    parser.add_argument("--model", choices=("strata", "cluster"), default="strata",
+                        help="the fit: stratified by base, or robust errors clustered by base")  # fmt: skip
     parser.add_argument("--sims", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -144,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p0=args.p0,
         horizon=args.horizon,
         frailty_var=args.frailty_var,
+        model=args.model,
     )
     hr, curve = smallest_detectable_hr(design, sims=args.sims, seed=args.seed)
     for ratio, value in curve.items():

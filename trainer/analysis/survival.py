@@ -45,14 +45,22 @@ LEAD_LAG_STEPS = 5  # the lag of the time-varying covariates
 K3_FLOOR = 1e-9  # log10(k3) of a zero-gap run is bounded below here
 
 
+def mean_gap(values: list[float]) -> float:
+    """A run's routing gap from the routing inconsistency of its first steps (at most
+    GAP_STEPS of them): their mean; 0 without any (a dense model has no routing)."""
+    values = list(values)[:GAP_STEPS]
+    return float(np.mean(values)) if values else 0.0
+
+
 def run_gap(rows: list[dict]) -> float:
     """Mean natural routing inconsistency over the first GAP_STEPS steps (0 without routing)."""
-    values = [
-        r[K.MISMATCH_ROUTING_INCONSISTENCY]
-        for r in rows[:GAP_STEPS]
-        if r.get(K.MISMATCH_ROUTING_INCONSISTENCY) is not None
-    ]
-    return float(np.mean(values)) if values else 0.0
+    return mean_gap(
+        [
+            r[K.MISMATCH_ROUTING_INCONSISTENCY]
+            for r in rows[:GAP_STEPS]
+            if r.get(K.MISMATCH_ROUTING_INCONSISTENCY) is not None
+        ]
+    )
 
 
 def run_table(runs: Iterable[dict[str, Any]]):
@@ -75,6 +83,8 @@ def run_table(runs: Iterable[dict[str, Any]]):
                 "gap10": (run["gap"] if "gap" in run else run_gap(run["rows"])) / GAP_UNIT
                 if run["moe"]
                 else 0.0,
+                "sigma": float(run.get("sigma", 0.0)),
+                "precision": run.get("precision", "fp32"),
                 "time": float(s["collapse_step"] if collapsed else s["steps"]),
                 "event": int(collapsed),
             }
@@ -92,10 +102,17 @@ def _effect(fitter, term: str, combine: tuple[str, ...] = ()) -> dict[str, float
     ``term`` and ``combine``: exp(b1 + b2) with the covariance of the two)."""
     names = (term, *combine)
     coef = float(sum(fitter.params_[n] for n in names))
-    # By position: CoxTimeVaryingFitter's variance matrix has no column labels.
-    where = [list(fitter.params_.index).index(n) for n in names]
-    cov = fitter.variance_matrix_.to_numpy()[np.ix_(where, where)]
-    se = float(math.sqrt(max(cov.sum(), 0.0)))
+    if getattr(fitter, "robust", False) or getattr(fitter, "cluster_col", None):
+        # A robust (sandwich) fit keeps its errors in standard_errors_ only; its
+        # variance_matrix_ is the model-based one (lifelines).
+        if combine:
+            raise ValueError("a combined effect needs the sandwich covariance: not kept")
+        se = float(fitter.standard_errors_[term])
+    else:
+        # By position: CoxTimeVaryingFitter's variance matrix has no column labels.
+        where = [list(fitter.params_.index).index(n) for n in names]
+        cov = fitter.variance_matrix_.to_numpy()[np.ix_(where, where)]
+        se = float(math.sqrt(max(cov.sum(), 0.0)))
     from scipy import stats
 
     z = coef / se if se > 0 else float("inf") * np.sign(coef)
@@ -118,6 +135,15 @@ def _fit(frame, formula: str, **kwargs):
         warnings.simplefilter("ignore")
         fitter.fit(frame, duration_col="time", event_col="event", formula=formula, **kwargs)
     return fitter
+
+
+def cox_effect(frame, term: str, cluster: str | None = None) -> dict[str, float]:
+    """One covariate's hazard ratio (``_effect``) from a Cox model of ``frame``'s time
+    and event on ``term`` alone, one baseline hazard, with robust (sandwich) errors
+    clustered by ``cluster`` when given (lifelines' ``cluster_col``)."""
+    columns = ["time", "event", term, *([cluster] if cluster else [])]
+    kwargs = {"cluster_col": cluster} if cluster else {}
+    return _effect(_fit(frame[columns], term, **kwargs), term)
 
 
 def dose_model(frame) -> dict[str, Any] | None:

@@ -34,6 +34,11 @@ from trainer.config.model import (
     ModelConfig,
     RopeScalingConfig,
 )
+from trainer.config.model_parts import (
+    ExpertFfnConfig,
+    MlaConfig,
+    RouterConfig,
+)
 from trainer.config.optim import (
     OptimConfig,
 )
@@ -91,7 +96,9 @@ __all__ = [
     "CollapseConfig",
     "ConfigDeprecationWarning",
     "ExperimentConfig",
+    "ExpertFfnConfig",
     "ISCorrectionConfig",
+    "MlaConfig",
     "ModelConfig",
     "NoisyGatingConfig",
     "OptimConfig",
@@ -99,6 +106,7 @@ __all__ = [
     "ReplayConfig",
     "RolloutConfig",
     "RopeScalingConfig",
+    "RouterConfig",
     "RouterTemperatureConfig",
     "RunConfig",
     "Section",

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from trainer.config.model_parts import ExpertFfnConfig, MlaConfig, RouterConfig
 from trainer.config.section import Section
 
 
@@ -37,6 +38,12 @@ class RopeScalingConfig(Section):
         description="yarn: cos/sin multiplier; empty = 0.1 ln(factor) + 1 (YaRN eq. 21).",
     )
     truncate: bool = Field(True, description="yarn: round the correction range to whole dims.")
+    mscale_all_dim: float | None = Field(
+        None,
+        gt=0,
+        description="yarn with multi-head latent attention (DeepSeek): the attention softmax "
+        "scale is also multiplied by (0.1 mscale_all_dim ln(factor) + 1)^2; empty = not.",
+    )
 
     @model_validator(mode="after")
     def _check_kind(self) -> RopeScalingConfig:
@@ -99,7 +106,18 @@ class ModelConfig(Section):
         "sets every shape field below.",
     )
     family: Literal[
-        "builtin", "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3", "qwen2", "llama"
+        "builtin",
+        "qwen3_moe",
+        "qwen2_moe",
+        "olmoe",
+        "mixtral",
+        "deepseek_v3",
+        "deepseek_v2",
+        "glm4_moe",
+        "gpt_oss",
+        "qwen3",
+        "qwen2",
+        "llama",
     ] = Field(
         "builtin",
         description="Hugging Face model_type this shape came from; `trainer export` writes "
@@ -162,6 +180,29 @@ class ModelConfig(Section):
         description="Block indices (0-based) whose FFN is dense (dense_hidden wide) in an "
         "MoE model (Qwen mlp_only_layers / decoder_sparse_step).",
     )
+    rotary_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1.0,
+        description="Share of each head's dims that rotary embeddings rotate (the first ones; "
+        "GLM-4.5's partial_rotary_factor 0.5); the rest carry no position.",
+    )
+    attention_sinks: bool = Field(
+        False,
+        description="A learned per-head sink logit in every attention softmax (GPT-OSS): "
+        "probability mass a head may put on no token.",
+    )
+    mla: MlaConfig = Field(
+        default_factory=MlaConfig, description="Multi-head latent attention (DeepSeek)."
+    )
+    router: RouterConfig = Field(
+        default_factory=RouterConfig,
+        description="Router scores, groups and scaling (DeepSeek, GLM-4.5, GPT-OSS).",
+    )
+    expert_ffn: ExpertFfnConfig = Field(
+        default_factory=ExpertFfnConfig,
+        description="The routed experts' biases and activation (GPT-OSS).",
+    )
     activation_checkpointing: bool = Field(
         False,
         description="Recompute each block's activations in the backward pass instead of "
@@ -182,22 +223,70 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
-        if self.head_dim is None and self.d_model % self.n_heads:
+        if not self.mla.enabled and self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"n_heads: n_heads ({self.n_heads}) must divide d_model ({self.d_model}); "
                 "pick n_heads from the divisors of d_model"
             )
-        if self.positional == "rope" and self.resolved_head_dim % 2:
+        if not self.mla.enabled and self.positional == "rope" and self.resolved_head_dim % 2:
             raise ValueError(
                 "positional: rotary embeddings need an even head dimension (d_model / n_heads)"
             )
         self._check_hf_fields()
+        self._check_attention_features()
         if self.n_experts and self.top_k > self.n_experts:
             raise ValueError(
                 f"top_k: top_k ({self.top_k}) cannot exceed n_experts ({self.n_experts}); "
                 "lower top_k or add experts"
             )
+        self._check_router_groups()
         return self
+
+    def _check_attention_features(self) -> None:
+        """Multi-head latent attention replaces the q/k/v projections: the features of
+        the other attention (q/k norms, biases, windows, sinks, partial rotary) are
+        refused with it rather than ignored."""
+        if not self.mla.enabled:
+            rotary = self.resolved_rotary_dim
+            if self.positional == "rope" and (rotary < 2 or rotary % 2):
+                raise ValueError(
+                    f"rotary_fraction: {self.rotary_fraction} of head_dim "
+                    f"{self.resolved_head_dim} rotates {self.resolved_rotary_dim} dims; "
+                    "rotary needs an even number, at least 2"
+                )
+            return
+        clash = {
+            "positional": self.positional != "rope",
+            "qk_norm": self.qk_norm != "none",
+            "attention_bias": self.attention_bias != "none",
+            "sliding_window": self.sliding_window is not None,
+            "attention_sinks": self.attention_sinks,
+            "rotary_fraction": self.rotary_fraction != 1.0,
+            "n_kv_heads": self.resolved_n_kv_heads != self.n_heads,
+        }
+        on = [name for name, bad in clash.items() if bad]
+        if on:
+            raise ValueError(
+                f"{on[0]}: not available with multi-head latent attention (model.mla.enabled); "
+                "reset it to its default"
+            )
+
+    def _check_router_groups(self) -> None:
+        router = self.router
+        if not (self.is_moe and router.grouped):
+            return
+        if self.n_experts % router.n_groups:
+            raise ValueError(
+                f"router: n_groups ({router.n_groups}) must divide n_experts ({self.n_experts})"
+            )
+        size = self.n_experts // router.n_groups
+        if router.group_score == "top2_sum" and size < 2:
+            raise ValueError("router: a top2_sum group score needs at least 2 experts per group")
+        if self.top_k > router.topk_groups * size:
+            raise ValueError(
+                f"top_k: top_k ({self.top_k}) exceeds the {router.topk_groups * size} experts "
+                f"of the topk_groups ({router.topk_groups}) groups a token may use"
+            )
 
     def _check_hf_fields(self) -> None:
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
@@ -257,6 +346,15 @@ class ModelConfig(Section):
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def resolved_rotary_dim(self) -> int:
+        """The dims rotary embeddings rotate per head: the first ``rotary_fraction`` of
+        head_dim (as transformers' ``int(head_dim * partial_rotary_factor)``), or the
+        rope part of a latent-attention head."""
+        if self.mla.enabled:
+            return self.mla.qk_rope_head_dim
+        return int(self.resolved_head_dim * self.rotary_fraction)
 
     def is_moe_block(self, index: int) -> bool:
         """Whether block ``index`` has a routed MoE FFN (else the dense SwiGLU)."""

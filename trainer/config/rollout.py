@@ -47,6 +47,14 @@ class RolloutConfig(Section):
         "gates and every other path are unchanged (trainer/rollout/router_noise.py). "
         "0 = off. MoE only.",
     )
+    router_noise_draw: Literal["base", "run"] = Field(
+        "base",
+        description="Whose seed draws the fixed router-noise projections. base: "
+        "warm_start.seed, so every run on one base gets the same dose and a per-base "
+        "calibration (python -m trainer calibrate) predicts each run's routing gap; "
+        "run: run.seed, each run its own projection (the causal study of docs/results.md "
+        "ran so: at sigma 0.2 its runs flipped 7.6-26.4% of routes).",
+    )
     router_noise_kind: Literal["fixed", "fresh"] = Field(
         "fixed",
         description="fixed: a fixed function of the router input (one random projection "

@@ -8,6 +8,11 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from trainer.config.section import Section
+from trainer.reward_functions import parse_reward_path
+
+# A prompt longer than this cannot fit any model.max_seq_len (<= 32768 tokens at about
+# 4 characters a token); one 50 MB line once grew a run past 7 GB before it was killed.
+DEFAULT_MAX_PROMPT_CHARS = 131_072
 
 
 class TaskBase(Section):
@@ -125,16 +130,27 @@ class TextTaskConfig(TaskBase):
     )
     reward_function: str | None = Field(
         None,
+        max_length=300,
         description="python: import path 'package.module:function' of "
-        "fn(response: str, answer: str) -> float in [0, 1] (1 = correct).",
+        "fn(response: str, answer: str) -> float in [0, 1] (1 = correct); on the lab's "
+        "workers only a function its administrator offers (LAB_REWARD_MODULES). It runs "
+        "in its own process, never in the web server.",
     )
-    max_prompt_chars: int | None = Field(
-        None,
+    reward_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=600.0,
+        description="python: seconds one reward call may take; a call over it scores 0 "
+        "(counted in the log) and the function's process is restarted.",
+    )
+    max_prompt_chars: int = Field(
+        DEFAULT_MAX_PROMPT_CHARS,
         ge=1,
         le=1_000_000,
-        description="Rows whose prompt is longer (in characters) are skipped and counted, "
-        "as verl's filter_overlong_prompts; empty = keep every row (a prompt too long for "
-        "model.max_seq_len is then a config error).",
+        description="Rows whose prompt is longer (in characters; a conversation's turns "
+        "together) are skipped and counted, as verl's filter_overlong_prompts. The default, "
+        "131072, is more than any model.max_seq_len (at most 32768 tokens) holds at about 4 "
+        "characters a token; empty = the default.",
     )
 
     max_prompt_tokens: int | None = Field(
@@ -145,6 +161,13 @@ class TextTaskConfig(TaskBase):
         "checkpoint's tokenizer, chat template and BOS included; bytes on the builtin model) "
         "are skipped and counted, as verl's filter_overlong_prompts; empty = keep every row.",
     )
+
+    @field_validator("max_prompt_chars", mode="before")
+    @classmethod
+    def _default_bound(cls, value: object) -> object:
+        """Empty (or a stored config's null, from before the bound) = the default:
+        every prompt has a bound."""
+        return DEFAULT_MAX_PROMPT_CHARS if value is None else value
 
     @field_validator("prompt_template")
     @classmethod
@@ -182,6 +205,11 @@ class TextTaskConfig(TaskBase):
                 "reward_function: the python verifier needs an import path "
                 "'package.module:function'"
             )
+        if self.reward_function:
+            try:
+                parse_reward_path(self.reward_function)  # the name only: nothing is imported
+            except ValueError as exc:
+                raise ValueError(f"reward_function: {exc}") from None
         if self.reward_function and self.verifier != "python":
             raise ValueError(
                 "reward_function: only used with verifier='python'; set the verifier or clear it"

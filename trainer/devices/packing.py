@@ -98,11 +98,28 @@ def memory_share() -> float | None:
 
 def apply_memory_share(device: Any) -> float | None:
     """Cap this process at its share of ``device``'s memory (CUDA only); returns the
-    share applied, None when the process may use all of it or runs on the CPU."""
+    share applied, None when the process may use all of it or runs on the CPU.
+
+    torch's per-device calls want an indexed device: ``torch.device("cuda")``
+    (no index) makes ``set_per_process_memory_fraction`` raise "Expected a
+    torch.device with a specified index", which crashed every packed study on a
+    GPU before its first run. ``indexed_device`` gives it one."""
     share = memory_share()
     if share is None or getattr(device, "type", str(device)) != "cuda":
         return None
     import torch
 
-    torch.cuda.set_per_process_memory_fraction(share, device)
+    torch.cuda.set_per_process_memory_fraction(share, indexed_device(device))
     return share
+
+
+def indexed_device(device: Any):
+    """``device`` as a ``torch.device`` with an explicit index on CUDA: ``cuda``
+    alone becomes ``cuda:<current device>`` (in a slot, the one device it sees);
+    other devices are returned as they are."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())

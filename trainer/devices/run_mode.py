@@ -1,5 +1,7 @@
 """How a run uses its device: the numerics mode (``run.deterministic``, ``run.tf32``),
-true phase timings, and the record of both in summary.json.
+true phase timings. What summary.json records about the device, with the
+backends the run chose on it, is ``trainer.run.device_record`` (above the model
+and the engine whose choices it reports).
 
 * Deterministic mode: ``torch.use_deterministic_algorithms(True)`` (an op
   without a deterministic kernel raises instead of silently varying),
@@ -21,16 +23,10 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
 from trainer.config import ExperimentConfig
-from trainer.devices.capability import capability_label, device_capability, has_fp8_gemm
-from trainer.devices.dtypes import DTYPES
-from trainer.model.dispatch import choose_backend
-from trainer.rollout.fp8 import choose_fp8_plan
-from trainer.rollout.static_decode import compiled_moe_backend
 
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 # The two settings cuBLAS documents as reproducible.
@@ -111,48 +107,3 @@ def numerics_mode(cfg: ExperimentConfig, device: torch.device):
             os.environ.pop(CUBLAS_WORKSPACE_ENV, None)
         else:
             os.environ[CUBLAS_WORKSPACE_ENV] = workspace
-
-
-def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: torch.dtype):
-    """What summary.json says about how the run used its device: the device and its
-    capability, the numerics mode, the MoE backend of the training forward and of
-    the rollout engine (trainer.model.dispatch.choose_backend: never a silent loop),
-    and for fp8 rollouts which GEMMs run real e4m3 kernels and which are emulated
-    (trainer.rollout.fp8.choose_fp8_plan, the engine's own choice)."""
-    capability = device_capability(device)
-    record: dict[str, Any] = {
-        "device": str(device),
-        "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "capability": capability_label(capability),
-        "deterministic": cfg.run.deterministic,
-        "tf32": cfg.run.tf32,
-        "timings": "synchronised at phase boundaries" if device.type == "cuda" else "eager",
-        # the decode step: eager, or compiled (a CUDA graph on CUDA; trainer.rollout.static_decode)
-        "decode": cfg.rollout.decode,
-    }
-    if cfg.model.n_experts:
-        train_dtype = DTYPES[cfg.optim.param_dtype]
-        requested = "auto"
-        if cfg.rollout.decode == "compiled":  # the engine's own choice
-            requested = compiled_moe_backend(requested, engine_dtype)
-        rollout = choose_backend(requested, device.type, engine_dtype, capability)
-        record["moe_backend"] = {
-            "train": choose_backend("auto", device.type, train_dtype, capability),
-            "rollout": rollout,
-        }
-    if cfg.rollout.precision == "fp8":
-        # The engine's plan, from the same capability: "native",
-        # "native-dense+emulated-experts" or "emulated", and per GEMM group.
-        moe = bool(cfg.model.n_experts)
-        plan = choose_fp8_plan(device.type, capability)
-        record["fp8_rollout"] = plan.label(moe)
-        record["fp8_gemms"] = plan.gemms(moe)
-        record["fp8_gemm_available"] = has_fp8_gemm(capability)
-        if moe:  # what the routed experts run on instead of engine_dtype's backend
-            record["moe_backend"]["rollout"] = (
-                "scaled_grouped_mm"
-                if plan.experts == "native"
-                # emulated experts: fp32 GEMMs on e4m3-rounded rows, whatever the storage
-                else choose_backend("auto", device.type, torch.float32, capability)
-            )
-    return record

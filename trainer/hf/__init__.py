@@ -1,5 +1,6 @@
 """Bring-your-own Hugging Face checkpoints: config mapping, weight names,
-streaming import and export (docs/models.md).
+streaming import and export (docs/models.md; a run's checkpoint is exported by
+``trainer.run.export``).
 
 Never imports transformers: checkpoints are read with ``safetensors`` and the
 checkpoint's own config.json.
@@ -16,14 +17,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.hf.export import export_hf, export_run
+    from trainer.hf.export import export_hf
     from trainer.hf.export_config import hf_config_from_model
     from trainer.hf.families import FAMILIES, model_fields_from_hf
     from trainer.hf.loader import build_model, load_hf_weights, resolve_model_source
 
 _HOME = {
     "export_hf": "trainer.hf.export",
-    "export_run": "trainer.hf.export",
     "FAMILIES": "trainer.hf.families",
     "hf_config_from_model": "trainer.hf.export_config",
     "model_fields_from_hf": "trainer.hf.families",
@@ -36,7 +36,6 @@ __all__ = [
     "FAMILIES",
     "build_model",
     "export_hf",
-    "export_run",
     "hf_config_from_model",
     "load_hf_weights",
     "model_fields_from_hf",

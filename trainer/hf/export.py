@@ -29,7 +29,7 @@ from trainer.devices.dtypes import HF_DTYPES
 from trainer.errors import FieldError
 from trainer.hf.export_config import export_family, hf_config_from_model
 from trainer.hf.files import INDEX_FILE, SINGLE_FILE, read_json_file
-from trainer.hf.weights import weight_plan
+from trainer.hf.weights import SELECTION_BIAS_FAMILIES, weight_plan
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -47,22 +47,46 @@ DTYPES = HF_DTYPES  # --dtype: the Hugging Face names
 
 def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The lab ``state_dict`` as checkpoint tensors (inverse of the import plan)."""
-    qkv_sizes = (
-        cfg.n_heads * cfg.resolved_head_dim,
-        cfg.resolved_n_kv_heads * cfg.resolved_head_dim,
-        cfg.resolved_n_kv_heads * cfg.resolved_head_dim,
-    )
+    family = export_family(cfg)
+    _check_selection_bias(state, cfg, family)
     out: dict[str, torch.Tensor] = {}
-    for piece in weight_plan(cfg, export_family(cfg)):
+    halves: dict[str, dict[str, torch.Tensor]] = {}  # interleaved: hf name -> gate, up
+    for piece in weight_plan(cfg, family):
         tensor = state[piece.lab].detach()
         if piece.kind == "copy":
+            if piece.rows is not None:  # lab = hf[rows]: put the rows back
+                tensor = torch.empty_like(tensor).index_copy_(0, torch.tensor(piece.rows), tensor)
             out[piece.hf[0]] = tensor
         elif piece.kind == "cat":
-            sizes = qkv_sizes if len(piece.hf) == 3 else [tensor.shape[0] // 2] * 2
-            out.update(zip(piece.hf, tensor.split(sizes, dim=0), strict=True))
+            out.update(zip(piece.hf, tensor.split(list(piece.sizes), dim=0), strict=True))
+        elif piece.kind == "interleaved":
+            halves.setdefault(piece.hf[0], {})[piece.part] = tensor
         else:  # expert slice, stored transposed
             out[piece.hf[0]] = tensor[piece.expert].t()
+    for name, parts in halves.items():  # gate and up alternating on the last dim
+        out[name] = torch.stack((parts["gate"], parts["up"]), dim=-1).flatten(-2)
     return out
+
+
+def _check_selection_bias(state: dict[str, torch.Tensor], cfg: ModelConfig, family: str) -> None:
+    """A trained selection bias (the auxiliary-loss-free stabilizer, or a checkpoint's
+    correction bias) changes which experts run; a family without a place for it would
+    export a different model, so that is refused."""
+    if family in SELECTION_BIAS_FAMILIES or not cfg.is_moe:
+        return
+    biased = [k for k, v in state.items() if k.endswith(".router.selection_bias") and v.any()]
+    if biased:
+        raise FieldError(
+            [
+                (
+                    "model.family",
+                    f"the routers carry a selection bias ({biased[0]}, e.g. from "
+                    "stabilizers.balance.aux_free_bias) that "
+                    f"{family} checkpoints cannot hold; "
+                    "exporting would change which experts run",
+                )
+            ]
+        )
 
 
 def _source_files(cfg: ModelConfig) -> tuple[Path | None, dict[str, Any] | None]:
@@ -189,45 +213,3 @@ def _write_weights(tensors: dict[str, torch.Tensor], out: Path, max_shard_bytes:
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
-
-
-def export_run(
-    run_dir: Path, step: int, out: Path, dtype: str = "float32", replace: bool = False
-) -> Path:
-    """Export the policy of ``run_dir``'s checkpoint taken after ``step`` RL steps.
-
-    The stored config is read as a schema only (no task is built): the export
-    needs neither the run's data file nor its reward module.
-    """
-    from pydantic import ValidationError
-
-    from trainer.config import ExperimentConfig
-    from trainer.run.checkpoint import checkpoint_path, load_checkpoint, read_sharded_policy
-    from trainer.run.files import CONFIG_FILE
-
-    config_file = run_dir / CONFIG_FILE
-    if not config_file.exists():
-        raise FieldError([("RUN_DIR", f"{run_dir} has no {CONFIG_FILE}; is it a run folder?")])
-    if dtype not in DTYPES:
-        raise FieldError([("--dtype", f"choose one of {', '.join(DTYPES)}")])
-    try:
-        cfg = ExperimentConfig.model_validate(read_json_file(config_file, "RUN_DIR"))
-    except ValidationError as exc:
-        raise FieldError([("RUN_DIR", f"{config_file} is not a valid run config: {exc}")]) from None
-    ckpt = load_checkpoint(run_dir)
-    if ckpt is None:
-        raise FieldError([("RUN_DIR", f"{run_dir} has no checkpoint ({checkpoint_path(run_dir)})")])
-    saved_step = int(ckpt["run_state"]["step"])
-    if saved_step != step:
-        raise FieldError(
-            [("--step", f"the run keeps only its last checkpoint, taken after step {saved_step}")]
-        )
-    policy: dict[str, Any] = ckpt["policy"]
-    if policy is None and ckpt.get("sharded"):  # an FSDP run: merge its shards
-        policy = read_sharded_policy(run_dir, ckpt["sharded"])
-    vocab_size = int(policy["tok_emb.weight"].shape[0])
-    builtin_tokenizer = "byte" if cfg.task.name == "text" else "char"
-    return export_hf(
-        policy, cfg.model, vocab_size, out, dtype, replace=replace,
-        builtin_tokenizer=builtin_tokenizer,
-    )  # fmt: skip

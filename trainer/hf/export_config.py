@@ -11,7 +11,9 @@ from typing import Any
 
 from trainer.config import ModelConfig
 from trainer.errors import FieldError
+from trainer.hf.export_routed import feature_problems, routed_config
 from trainer.hf.families import ARCHITECTURES, DENSE_FAMILIES, EXPRESSIBLE
+from trainer.hf.families_routed import ROUTED_FAMILIES
 
 
 def inexpressible(cfg: ModelConfig, family: str) -> list[str]:
@@ -27,24 +29,30 @@ def inexpressible(cfg: ModelConfig, family: str) -> list[str]:
     problems += _sliding_problems(cfg, family)
     if cfg.is_moe != rules["moe"]:
         problems.append("an MoE model" if cfg.is_moe else "a dense model")
+    problems += feature_problems(cfg, family, rules)
     if not (cfg.is_moe and rules["moe"]):
         return problems
-    if rules["shared"]:
+    if rules["shared"] is True:
         if not (cfg.shared_expert_hidden and cfg.shared_expert_gate):
             problems.append("no sigmoid-gated shared expert (it always has one)")
-    elif cfg.shared_expert_hidden:
+    elif not rules["shared"] and cfg.shared_expert_hidden:
         problems.append("a shared expert")
     if cfg.dense_layers and not rules["dense_layers"]:
         problems.append("dense blocks in an MoE model")
-    if rules.get("norm_topk_prob") and not cfg.norm_topk_prob:
-        problems.append("norm_topk_prob=false (it renormalises)")
+    fixed = rules.get("norm_topk_prob")
+    if fixed is not None and cfg.norm_topk_prob != fixed:
+        problems.append(
+            "norm_topk_prob=false (it renormalises)"
+            if fixed
+            else "norm_topk_prob=true (it never renormalises)"
+        )
     return problems
 
 
 def _sliding_problems(cfg: ModelConfig, family: str) -> list[str]:
     if cfg.sliding_window is None:
         return []
-    if family in ("olmoe", "llama"):
+    if family in ("olmoe", "llama", "deepseek_v3", "deepseek_v2", "glm4_moe"):
         return ["sliding-window attention"]
     every = cfg.sliding_layers is None or sorted(cfg.sliding_layers) == list(range(cfg.n_layers))
     if family in ("mixtral", "qwen3_moe") and not every:
@@ -57,6 +65,8 @@ def rope_parameters_of(cfg: ModelConfig) -> dict[str, Any]:
     ``trainer.hf.families.rope_fields_of``)."""
     scaling = cfg.rope_scaling
     out: dict[str, Any] = {"rope_type": scaling.kind, "rope_theta": cfg.rope_theta}
+    if cfg.rotary_fraction != 1.0:
+        out["partial_rotary_factor"] = cfg.rotary_fraction
     if scaling.kind == "default":
         return out
     out["factor"] = scaling.factor
@@ -75,11 +85,15 @@ def rope_parameters_of(cfg: ModelConfig) -> dict[str, Any]:
         )
         if scaling.attention_factor is not None:
             out["attention_factor"] = scaling.attention_factor
+        if scaling.mscale_all_dim is not None:
+            out["mscale_all_dim"] = scaling.mscale_all_dim
     return out
 
 
 def _sliding_config(cfg: ModelConfig, family: str) -> dict[str, Any]:
     window = cfg.sliding_window
+    if family in ROUTED_FAMILIES:  # GPT-OSS's layer_types: trainer.hf.export_routed
+        return {}
     if family == "mixtral":
         return {"sliding_window": window}
     if family in ("olmoe", "llama"):
@@ -164,6 +178,9 @@ def hf_config_from_model(
         out["attention_bias"] = cfg.attention_bias == "qkvo"
     if family in DENSE_FAMILIES:
         out["intermediate_size"] = cfg.resolved_dense_hidden
+        return out
+    if family in ROUTED_FAMILIES:
+        out.update(routed_config(cfg, family))
         return out
     out["num_experts_per_tok"] = cfg.top_k
     if family == "mixtral":

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from trainer.config import ExperimentConfig, ModelConfig, RopeScalingConfig
+from trainer.config import ExperimentConfig, ModelConfig, Section
 from trainer.errors import FieldError
 from trainer.hf.families import SHAPE_FIELDS, SOURCE, model_fields_from_hf
+from trainer.hf.families_routed import mtp_layers
 from trainer.hf.files import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -28,11 +29,9 @@ from trainer.hf.files import (
     read_hf_config,
     read_weight_map,
 )
+from trainer.hf.validate import ignored_tensor
 from trainer.hf.weights import Piece, weight_plan
 from trainer.model.transformer import TransformerLM
-
-# Checkpoint tensors that carry no weights of the model (old rotary caches).
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def resolve_model_source(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -54,9 +53,9 @@ def resolve_model_source(cfg: ExperimentConfig) -> ExperimentConfig:
     errors = []
     for name in SHAPE_FIELDS:
         mine, theirs, default = getattr(model, name), fields[name], getattr(defaults, name)
-        if isinstance(mine, RopeScalingConfig):  # a section: compare its values
+        if isinstance(mine, Section):  # a section (rope_scaling, mla, ...): its values
+            theirs = type(mine).model_validate(theirs).model_dump()
             mine, default = mine.model_dump(), default.model_dump()
-            theirs = RopeScalingConfig.model_validate(theirs).model_dump()
         if mine != default and mine != theirs:
             errors.append(
                 (
@@ -153,6 +152,11 @@ def _copy_piece(target: torch.Tensor, piece: Piece, reader: CheckpointReader) ->
     """Write one plan piece into ``target`` (the lab parameter), checking shapes."""
     if piece.kind == "copy":
         source = reader.get(piece.hf[0])
+        if piece.rows is not None:
+            source = source[list(piece.rows)]
+    elif piece.kind == "interleaved":  # GPT-OSS gate|up alternating on the last dim
+        full = reader.get(piece.hf[0])
+        source = full[..., 0::2] if piece.part == "gate" else full[..., 1::2]
     elif piece.kind == "cat":
         source = torch.cat([reader.get(name) for name in piece.hf], dim=0)
     elif piece.kind == "expert":
@@ -185,15 +189,18 @@ def load_hf_weights(model: TransformerLM, folder: Path) -> None:
     ignored part of the architecture).
     """
     cfg = model.cfg
+    hf = read_hf_config(folder)
     reader = CheckpointReader(folder)
-    plan = weight_plan(cfg, cfg.family, reader.keys)
-    params = dict(model.named_parameters())
+    plan = weight_plan(cfg, cfg.family, reader.keys, bool(hf.get("rope_interleave", True)))
+    # Parameters, and the routers' selection-bias buffers (e_score_correction_bias).
+    params = dict(model.named_parameters()) | dict(model.named_buffers())
     for piece in plan:
         _copy_piece(params[piece.lab], piece, reader)
     used = {name for piece in plan for name in piece.hf}
     if cfg.tie_embeddings:
         used.add("lm_head.weight")  # tied checkpoints may still store the head
-    unused = sorted(k for k in reader.keys - used if not k.endswith(_IGNORED_SUFFIXES))
+    mtp = mtp_layers(hf)
+    unused = sorted(k for k in reader.keys - used if not ignored_tensor(k, cfg.n_layers, mtp))
     if unused:
         more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
         raise FieldError(
@@ -207,7 +214,7 @@ def load_hf_weights(model: TransformerLM, folder: Path) -> None:
     loaded = {piece.lab for piece in plan}
     missing = [
         name
-        for name in params
+        for name in dict(model.named_parameters())
         if name not in loaded
         and not name.startswith("value_head.")
         and not (cfg.tie_embeddings and name == "lm_head.weight")

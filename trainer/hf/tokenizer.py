@@ -11,9 +11,10 @@ a field error for RL runs.
 With ``model.chat_template`` a prompt (``encode(..., bos=True)``, as the
 tasks encode prompts) is first rendered as one user message through the
 checkpoint's chat template with the generation prompt, the way transformers'
-``apply_chat_template(..., add_generation_prompt=True)`` renders it (a
-sandboxed jinja2 environment with trim_blocks and lstrip_blocks); the
-template writes its own BOS, so none is added.
+``apply_chat_template(..., add_generation_prompt=True)`` renders it (the
+same sandboxed jinja2 environment, in a process of its own with a time,
+output and memory bound: ``trainer.hf.chat_sandbox``); the template writes its
+own BOS, so none is added.
 
 Special tokens come from tokenizer_config.json (``bos_token``, ``eos_token``,
 ``pad_token``, as strings or ``{"content": ...}``), then config.json's
@@ -32,8 +33,16 @@ from typing import Any
 
 from trainer.config import ExperimentConfig, ModelConfig
 from trainer.errors import FieldError
+from trainer.hf.chat_sandbox import ChatTemplateSandbox, TemplateRefused
 from trainer.hf.families import SOURCE
 from trainer.hf.files import read_json_file
+
+RENDER_CACHE_SIZE = 100_000  # rendered conversations kept (a dataset's prompts, once each)
+# What a checkpoint's chat template must render within its bounds to be registered.
+PROBE_CONVERSATIONS: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("user", "What is 2 + 3?"),),
+    (("system", "Answer with a number."), ("user", "2+2="), ("assistant", "4"), ("user", "3+5=")),
+)
 
 
 def _token_text(value: Any) -> str | None:
@@ -66,8 +75,9 @@ class CheckpointTokenizer:
         self._special_text = {
             name: _token_text(tok_cfg.get(f"{name}_token")) for name in ("bos", "eos")
         }
-        self._template = _compile_template(folder, tok_cfg) if chat_template else None
+        self._template = _sandboxed_template(folder, tok_cfg) if chat_template else None
         self.template_kwargs = dict(template_kwargs or {})
+        self._rendered: dict[tuple[tuple[str, str], ...], str] = {}  # conversation -> text
 
         def special(name: str) -> int | None:
             text = _token_text(tok_cfg.get(f"{name}_token"))
@@ -116,20 +126,48 @@ class CheckpointTokenizer:
             raise FieldError(
                 [("model.chat_template", "a conversation needs the chat template turned on")]
             )
-        from jinja2 import TemplateError
-
+        turns = tuple((role, content) for role, content in messages)
+        if turns in self._rendered:  # a run encodes each prompt again at every draw
+            return self._rendered[turns]
         try:
-            return self._template.render(
-                **self.template_kwargs,
-                messages=[{"role": role, "content": content} for role, content in messages],
-                add_generation_prompt=True,
-                bos_token=self._special_text["bos"] or "",
-                eos_token=self._special_text["eos"] or "",
-            )
-        except TemplateError as exc:  # raise_exception(...) in the template, or a bad turn
+            text = self._template.render(self._variables(turns))
+        except TemplateRefused as exc:  # raise_exception(...), a bad turn, or a bound broken
             raise FieldError(
                 [("model.chat_template", f"the chat template refused a prompt: {exc}")]
             ) from None
+        if len(self._rendered) >= RENDER_CACHE_SIZE:
+            self._rendered.clear()
+        self._rendered[turns] = text
+        return text
+
+    def _variables(self, turns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+        """What the template is given: what ``apply_chat_template(messages,
+        add_generation_prompt=True, **chat_template_kwargs)`` passes it."""
+        return {
+            **self.template_kwargs,
+            "messages": [{"role": role, "content": content} for role, content in turns],
+            "add_generation_prompt": True,
+            "bos_token": self._special_text["bos"] or "",
+            "eos_token": self._special_text["eos"] or "",
+        }
+
+    def probe_template(self) -> None:
+        """Render the probe conversations (a question; a system prompt with a
+        few-shot turn) within the sandbox's bounds, then end its process. A
+        template that refuses one on purpose (``raise_exception``) passes; one
+        that does not compile or breaks a bound is a FieldError naming the bound."""
+        assert self._template is not None
+        try:
+            for turns in PROBE_CONVERSATIONS:
+                try:
+                    self._template.render(self._variables(turns))
+                except TemplateRefused as exc:
+                    if exc.kind != "refused":
+                        raise FieldError(
+                            [(SOURCE, f"its chat template is refused: {exc}")]
+                        ) from None
+        finally:
+            self._template.close()
 
     def encode_conversation(self, messages: Iterable[tuple[str, str]]) -> list[int]:
         """Token ids of a conversation rendered by the template (it writes its own BOS)."""
@@ -184,96 +222,32 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _compile_template(folder: Path, tok_cfg: dict[str, Any]):
-    """The checkpoint's chat template: chat_template.jinja (transformers 5) or
+def template_source(folder: Path, tok_cfg: dict[str, Any] | None = None) -> str | None:
+    """The checkpoint's chat template text: chat_template.jinja (transformers 5) or
     tokenizer_config.json's ``chat_template`` (a string, or named templates of
-    which "default" is used), compiled like transformers does."""
-    from jinja2 import TemplateError
-
-    source = None
+    which "default" is used); None when it has none."""
     if (folder / "chat_template.jinja").exists():
-        source = (folder / "chat_template.jinja").read_text()
-    else:
-        raw = tok_cfg.get("chat_template")
-        if isinstance(raw, list):
-            named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
-            raw = named.get("default")
-        source = raw if isinstance(raw, str) else None
+        return (folder / "chat_template.jinja").read_text(errors="replace")
+    raw = (tok_cfg if tok_cfg is not None else _read_json(folder / "tokenizer_config.json")).get(
+        "chat_template"
+    )
+    if isinstance(raw, list):
+        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+        raw = named.get("default")
+    return raw if isinstance(raw, str) else None
+
+
+def _sandboxed_template(folder: Path, tok_cfg: dict[str, Any]) -> ChatTemplateSandbox:
+    """The chat template, compiled in its sandbox (``trainer.hf.chat_sandbox``)."""
+    source = template_source(folder, tok_cfg)
     if source is None:
         raise FieldError(
             [("model.chat_template", f"{folder} has no chat template; turn chat_template off")]
         )
-
-    env = chat_template_environment()
     try:
-        return env.from_string(source)
-    except TemplateError as exc:
-        raise FieldError(
-            [("model.chat_template", f"the chat template does not parse: {exc}")]
-        ) from None
-
-
-def chat_template_environment():
-    """The sandboxed jinja2 environment transformers renders chat templates in
-    (``transformers.utils.chat_template_utils._cached_compile_jinja_template``):
-    trim_blocks, lstrip_blocks and loop controls; ``tojson`` without HTML
-    escaping (json.dumps, ensure_ascii=False); ``raise_exception``;
-    ``strftime_now`` (the current local time, as Llama 3.1's template dates its
-    system prompt); ``dict`` and an underscore-refusing ``namespace``."""
-    import json as _json
-    from datetime import datetime
-
-    import jinja2
-    import jinja2.ext
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str):
-        raise TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return _json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    def strftime_now(format: str) -> str:
-        return datetime.now().strftime(format)
-
-    class TemplateDict:
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class TemplateNamespace(jinja2.utils.Namespace):
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name, value):
-            TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check_name(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(
-                    f"chat templates cannot store underscore-prefixed attributes ({name!r})"
-                )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    env.globals["dict"] = TemplateDict()
-    env.globals["namespace"] = TemplateNamespace
-    return env
+        return ChatTemplateSandbox(source)
+    except TemplateRefused as exc:
+        raise FieldError([("model.chat_template", f"the chat template: {exc}")]) from None
 
 
 def checkpoint_tokenizer(cfg: ModelConfig) -> CheckpointTokenizer | None:

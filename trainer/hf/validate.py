@@ -18,7 +18,11 @@ problem; never raises for a bad file. What is checked (docs/models.md,
 * every tensor the model needs is there with the shape ``config.json``
   implies (hidden size, expert count and widths, heads, vocabulary), and no
   tensor is left over;
-* ``tokenizer.json`` loads (``tokenizer=True``) and fits the embedding.
+* ``tokenizer.json`` loads (``tokenizer=True``) and fits the embedding, and
+  the chat template, if the checkpoint has one, compiles and renders a probe
+  conversation within its bounds (``trainer.hf.chat_sandbox``: time, output,
+  memory, no runaway recursion); a template that refuses the probe on purpose
+  (``raise_exception``) is accepted, one that breaks a bound is not.
 
 Torch is never imported: the safetensors format is read by hand (an 8-byte
 little-endian header length, then that many bytes of JSON;
@@ -164,49 +168,39 @@ def checkpoint_headers(folder: Path) -> dict[str, Shape]:
     return shapes
 
 
-def expected_shapes(cfg: Any, family: str, keys: set[str]) -> dict[str, Shape]:
+def expected_shapes(
+    cfg: Any, family: str, keys: set[str], rope_interleave: bool = True
+) -> dict[str, Shape]:
     """Checkpoint tensor name -> the shape ``cfg`` (a ModelConfig from config.json)
-    implies, for every tensor of ``weight_plan``."""
-    from trainer.hf.weights import weight_plan
+    implies, for every tensor of ``weight_plan`` (the lab's shapes from
+    ``trainer.model.shapes``, mapped through the plan)."""
+    from trainer.hf.weights import checkpoint_shapes, weight_plan
+    from trainer.model.shapes import parameter_shapes
 
-    d, hd = cfg.d_model, cfg.resolved_head_dim
-    q, kv = cfg.n_heads * hd, cfg.resolved_n_kv_heads * hd
-    vocab = cfg.vocab_size
-    out: dict[str, Shape] = {}
-    for piece in weight_plan(cfg, family, keys):
-        lab, hf = piece.lab, piece.hf
-        if lab in ("tok_emb.weight", "lm_head.weight"):
-            out[hf[0]] = (vocab, d)
-        elif lab in ("norm_f.weight",) or lab.endswith(("attn_norm.weight", "ffn_norm.weight")):
-            out[hf[0]] = (d,)
-        elif lab.endswith("attn.qkv.weight"):
-            out.update(zip(hf, ((q, d), (kv, d), (kv, d)), strict=True))
-        elif lab.endswith("attn.qkv.bias"):
-            out.update(zip(hf, ((q,), (kv,), (kv,)), strict=True))
-        elif lab.endswith("attn.proj.weight"):
-            out[hf[0]] = (d, q)
-        elif lab.endswith("attn.proj.bias"):
-            out[hf[0]] = (d,)
-        elif lab.endswith("q_norm.weight"):
-            out[hf[0]] = (hd,) if cfg.qk_norm == "head" else (q,)
-        elif lab.endswith("k_norm.weight"):
-            out[hf[0]] = (hd,) if cfg.qk_norm == "head" else (kv,)
-        elif lab.endswith("router.weight"):
-            out[hf[0]] = (cfg.n_experts, d)
-        elif lab.endswith("shared_gate.weight"):
-            out[hf[0]] = (1, d)
-        elif piece.kind == "fused_expert":
-            h, e = cfg.expert_hidden, cfg.n_experts
-            out[hf[0]] = (e, d, h) if piece.part == "down" else (e, 2 * h, d)
-        else:  # SwiGLU matrices: dense block, shared expert or one routed expert
-            if piece.kind == "expert":
-                width = cfg.expert_hidden
-            elif ".shared." in lab:
-                width = cfg.shared_expert_hidden
-            else:
-                width = cfg.resolved_dense_hidden
-            out[hf[0]] = (d, width) if "w_down" in lab else (width, d)
-    return out
+    lab = parameter_shapes(cfg, cfg.vocab_size)
+    lab.update(router_buffer_shapes(cfg))
+    return checkpoint_shapes(weight_plan(cfg, family, keys, rope_interleave), lab)
+
+
+def router_buffer_shapes(cfg: Any) -> dict[str, Shape]:
+    """The routers' selection-bias buffers (a checkpoint's ``e_score_correction_bias``)."""
+    return {
+        f"blocks.{i}.ffn.router.selection_bias": (cfg.n_experts,)
+        for i in range(cfg.n_layers)
+        if cfg.is_moe_block(i)
+    }
+
+
+def ignored_tensor(name: str, n_layers: int, mtp_layers: int) -> bool:
+    """Checkpoint tensors that carry no weight of the model: old rotary caches, and the
+    multi-token-prediction layers after the last block (DeepSeek-V3, GLM-4.5;
+    ``trainer.hf.families_routed.mtp_layers``), which transformers ignores too."""
+    if name.endswith(_IGNORED_SUFFIXES):
+        return True
+    if mtp_layers and name.startswith("model.layers."):
+        index = name.split(".", 3)[2]
+        return index.isdigit() and n_layers <= int(index) < n_layers + mtp_layers
+    return False
 
 
 def validate_checkpoint(
@@ -227,9 +221,11 @@ def _validate(folder: Path, tokenizer: bool) -> None:
 
     from trainer.config import ModelConfig
     from trainer.hf.families import SHAPE_FIELDS, model_fields_from_hf
+    from trainer.hf.families_routed import mtp_layers
     from trainer.hf.files import read_hf_config
 
-    fields = model_fields_from_hf(read_hf_config(folder))
+    hf = read_hf_config(folder)
+    fields = model_fields_from_hf(hf)
     try:
         cfg = ModelConfig.model_validate(
             {name: fields[name] for name in SHAPE_FIELDS} | {"source": str(folder)}
@@ -238,7 +234,7 @@ def _validate(folder: Path, tokenizer: bool) -> None:
         problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
         raise FieldError([("model.source", f"config.json: {problems}")]) from None
     shapes = checkpoint_headers(folder)
-    expected = expected_shapes(cfg, cfg.family, set(shapes))
+    expected = expected_shapes(cfg, cfg.family, set(shapes), bool(hf.get("rope_interleave", True)))
     errors = []
     for name, shape in expected.items():
         if name not in shapes:
@@ -252,7 +248,10 @@ def _validate(folder: Path, tokenizer: bool) -> None:
                 )
             )
     allowed = set(expected) | ({"lm_head.weight"} if cfg.tie_embeddings else set())
-    extra = sorted(k for k in shapes if k not in allowed and not k.endswith(_IGNORED_SUFFIXES))
+    mtp = mtp_layers(hf)
+    extra = sorted(
+        k for k in shapes if k not in allowed and not ignored_tensor(k, cfg.n_layers, mtp)
+    )
     if extra:
         more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
         errors.append(
@@ -268,10 +267,12 @@ def _check_tokenizer(folder: Path, vocab: int) -> None:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FieldError([("model.source", f"{folder} has no tokenizer.json; runs encode with it")])
-    from trainer.hf.tokenizer import CheckpointTokenizer
+    from trainer.hf.tokenizer import CheckpointTokenizer, template_source
 
     try:
         tok = CheckpointTokenizer(folder)
+        if template_source(folder) is not None:
+            CheckpointTokenizer(folder, chat_template=True).probe_template()
     except FieldError:
         raise
     except Exception as exc:  # the tokenizers library raises its own kinds for a bad file

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.devices import capability as device_props
+from trainer.model.activations import gated_hidden
 
 BACKENDS = ("auto", "grouped_mm", "padded", "loop")
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -253,6 +254,12 @@ class Dispatch:
             offsets=offsets,
         )
 
+    def row_experts(self, rows: int) -> torch.Tensor:
+        """(rows,) the expert of each sorted row, searched in the cumulative counts
+        (no host sync); ``rows`` is the static row count M."""
+        positions = torch.arange(rows, device=self.offsets.device, dtype=self.offsets.dtype)
+        return torch.searchsorted(self.offsets, positions, right=True)
+
     def padded_layout(self, rows: int) -> PaddedLayout:
         """The ``padded`` backend's layout for ``rows`` sorted rows (built once, reused
         by the three matmuls of a SwiGLU)."""
@@ -297,11 +304,13 @@ def experts_swiglu(
     w_up: torch.Tensor,
     w_down: torch.Tensor,
     backend: str = "auto",
+    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    activation=None,
 ) -> torch.Tensor:
     """Mixture of SwiGLU experts: y_t = sum_j gates[t, j] * FFN_{indices[t, j]}(x_t).
 
-    x: (N, D); gates, indices: (N, k); w_gate, w_up: (E, D, H); w_down: (E, H, D).
-    Returns (N, D) in x's dtype.
+    x: (N, D); gates, indices: (N, k); w_gate, w_up: (E, D, H); w_down: (E, H, D);
+    ``biases``/``activation``: see ``expert_ffn``. Returns (N, D) in x's dtype.
 
     Gate and up projections are separate grouped matmuls on purpose: a fused
     (E, D, 2H) projection makes a (N*k, 2H) activation whose chunk backward
@@ -318,13 +327,41 @@ def experts_swiglu(
     backend = resolve_backend(backend, x, widths=(w_gate.shape[-1],))
     dispatch = Dispatch.from_indices(indices, n_experts)
     xs = x.index_select(0, dispatch.token)  # (N*k, D), grouped by expert
-    hidden = F.silu(expert_matmul(xs, w_gate, dispatch, backend)) * expert_matmul(
-        xs, w_up, dispatch, backend
-    )
-    ys = expert_matmul(hidden, w_down, dispatch, backend)  # (N*k, D), grouped by expert
+    if biases is not None and torch.is_autocast_enabled(x.device.type):
+        biases = tuple(b.to(x.dtype) for b in biases)
+    ys = expert_ffn(xs, dispatch, w_gate, w_up, w_down, backend, biases, activation)
     # Back to (token, slot) order, then the gate-weighted sum over the k slots
     # as one batched (1, k) @ (k, D) product: cheaper forward and backward
     # than scaling each row and scatter-adding it (measured).
     n, k = indices.shape
     per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
     return torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1).to(out_dtype)
+
+
+def expert_ffn(
+    xs: torch.Tensor,
+    dispatch: Dispatch,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    backend: str,
+    biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    activation=None,
+) -> torch.Tensor:
+    """Each row's expert FFN: xs (M, D) grouped by expert (``dispatch``) -> (M, D).
+
+    down(act(xs W_gate + b_gate, xs W_up + b_up)) + b_down, act from
+    ``trainer.model.activations`` (``activation``: an ExpertFfnConfig, None = SwiGLU);
+    ``biases`` (b_gate (E, H), b_up (E, H), b_down (E, D)) or None (GPT-OSS has them).
+    """
+    gate = expert_matmul(xs, w_gate, dispatch, backend)
+    up = expert_matmul(xs, w_up, dispatch, backend)
+    row_expert = None
+    if biases is not None:
+        row_expert = dispatch.row_experts(xs.shape[0])
+        gate = gate + biases[0].index_select(0, row_expert)
+        up = up + biases[1].index_select(0, row_expert)
+    ys = expert_matmul(gated_hidden(gate, up, activation), w_down, dispatch, backend)
+    if row_expert is not None:
+        ys = ys + biases[2].index_select(0, row_expert)
+    return ys

@@ -84,7 +84,7 @@ def shard_experts_(layer: nn.Module, rank: int, size: int, group=None) -> nn.Mod
         raise ValueError(f"{layer.n_experts} experts do not split over {size} ranks")
     shard = ExpertShard(rank, size, layer.n_experts, group)
     experts = layer.experts
-    for name in ("w_gate", "w_up", "w_down"):
+    for name in expert_tensor_names(experts):
         full = getattr(experts, name)
         setattr(experts, name, nn.Parameter(full.detach()[shard.local].clone()))
     layer.expert_shard = shard
@@ -161,8 +161,8 @@ def all_finished(finished: torch.Tensor, shard: ExpertShard | None) -> bool:
 
 
 def is_sharded_expert_key(name: str) -> bool:
-    """State-dict keys of stacked expert weights (``blocks.{i}.ffn.experts.w_*``)."""
-    return ".experts.w_" in name
+    """State-dict keys of stacked expert tensors (``blocks.{i}.ffn.experts.w_*`` / ``b_*``)."""
+    return ".experts.w_" in name or ".experts.b_" in name
 
 
 def gather_expert_shards(state: dict[str, torch.Tensor], shard_of: dict[str, ExpertShard]):
@@ -176,13 +176,22 @@ def gather_expert_shards(state: dict[str, torch.Tensor], shard_of: dict[str, Exp
     return out
 
 
+def expert_tensor_names(experts: nn.Module) -> list[str]:
+    """The stacked per-expert tensors of an ``ExpertWeights`` (expert on dim 0): the
+    SwiGLU weights and, where the experts have them (GPT-OSS), their biases."""
+    names = ["w_gate", "w_up", "w_down"]
+    if getattr(experts, "b_gate", None) is not None:
+        names += ["b_gate", "b_up", "b_down"]
+    return names
+
+
 def expert_shards(model: nn.Module) -> dict[str, ExpertShard]:
     """State-dict key -> shard of every sharded expert tensor of ``model``."""
     out: dict[str, ExpertShard] = {}
     for prefix, module in model.named_modules():
         shard = getattr(module, "expert_shard", None)
         if shard is not None:
-            for name in ("w_gate", "w_up", "w_down"):
+            for name in expert_tensor_names(module.experts):
                 out[f"{prefix}.experts.{name}"] = shard
     return out
 

@@ -145,7 +145,14 @@ def dynamic_rope_length(positions: torch.Tensor, scaling: Any) -> int | None:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, T, hd) by the position angles (rotate-half form, as in Llama)."""
+    """Rotate (B, H, T, hd) by the position angles (rotate-half form, as in Llama).
+
+    cos/sin narrower than x (rd < hd): partial rotary (GLM-4.5's
+    partial_rotary_factor), the first rd dims rotate and the rest pass unchanged.
+    """
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return (x.float() * cos + rotated * sin).to(x.dtype)
@@ -224,6 +231,7 @@ class CausalSelfAttention(nn.Module):
         qk_norm: str = "none",
         bias: str = "none",
         norm_eps: float = 1e-5,
+        sinks: bool = False,
     ):
         super().__init__()
         self.n_heads = n_heads
@@ -241,6 +249,8 @@ class CausalSelfAttention(nn.Module):
         elif qk_norm == "full":
             self.q_norm = RMSNorm(q_dim, norm_eps)
             self.k_norm = RMSNorm(kv_dim, norm_eps)
+        # GPT-OSS attention sinks: one learned logit per head (``sink_attention``).
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
 
     def forward(
         self,
@@ -266,8 +276,26 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.append(layer, k, v)
         k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d)
+        if self.sinks is not None:
+            y = sink_attention(q, k, v, mask4d, self.sinks)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d)
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+def sink_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask4d: torch.Tensor, sinks: torch.Tensor
+) -> torch.Tensor:
+    """Softmax attention with a learned sink logit per head (GPT-OSS; Xiao et al. 2023's
+    attention sink as a parameter): softmax over [q k^T / sqrt(hd), s_h] and the sink's
+    share dropped, so a head may attend to nothing. q (B, H, T, hd), k, v (B, H, S, hd),
+    mask4d (B, 1, T, S) bool, sinks (H,). Returns (B, H, T, hd); softmax in fp32."""
+    b, h, t, _ = q.shape
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.float().masked_fill(~mask4d, float("-inf"))
+    sink = sinks.float().view(1, h, 1, 1).expand(b, h, t, 1)
+    weights = torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
+    return weights.to(v.dtype) @ v
 
 
 def repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:

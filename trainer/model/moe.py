@@ -1,25 +1,30 @@
 """Mixture-of-Experts FFN: a linear top-k router over SwiGLU experts.
 
-Routing (Mixtral / Qwen3 style):
+Routing (``trainer.model.routing`` holds every formula; Mixtral / Qwen3 by default):
 
-    logits = (x W_r^T) / temperature          fp32, also under autocast
-    probs  = softmax(logits)                  fp32 (a half softmax overflows)
-    natural = topk(logits + selection_bias)   the router's own choice
+    logits  = (x W_r^T [+ b_r]) / temperature     fp32, also under autocast
+    scores  = softmax(logits) | sigmoid(logits)   ``model.router.score``
+    natural = top-k of the choice scores          logits + selection_bias (softmax) or
+                                                  sigmoid + selection_bias (sigmoid), within
+                                                  the best groups when grouped (DeepSeek)
     used    = override where replaying, else natural
-    gates   = probs[used] / sum(probs[used])  renormalised over the used experts
-              (norm_topk_prob; without it gates = probs[used], Qwen2-MoE / OLMoE)
+    gates   = scores[used] / sum(scores[used])    renormalised over the used experts
+              (norm_topk_prob; without it gates = scores[used], Qwen2-MoE / OLMoE),
+              times ``router.scaling`` (DeepSeek-V3's routed_scaling_factor)
 
 Mixtral's "top-k of the logits, then softmax over the selected" equals the
 renormalised form: softmax restricted to a subset S is exp(l_i)/sum_S exp(l_j)
 = p_i / sum_S p_j (the full normaliser cancels), and top-k of the logits and
 of the probabilities pick the same set (softmax is monotonic).
 
-Gates are always gathered from the FULL softmax of the training logits, never
+Gates are always gathered from the FULL scores of the training logits, never
 from top-k-zeroed probabilities, so under routing replay (R3, arXiv
-2510.11370) the router still gets a gradient through the gates.
+2510.11370) the router still gets a gradient through the gates; the selection
+bias moves the choice, never a gate.
 
 Hooks for balancing stabilizers: ``Router.selection_bias`` is added to the
-scores for SELECTION only (DeepSeek-V3 auxiliary-loss-free balancing, arXiv
+choice scores for SELECTION only (auxiliary-loss-free balancing, Wang et al.
+2024, arXiv 2408.15664; DeepSeek-V3's ``e_score_correction_bias``, arXiv
 2412.19437), and ``Router.selection_scores`` is the one place where noisy
 top-k gating (Shazeer et al. 2017) adds its noise: only once
 ``enable_noise`` was called, only in training mode, and only to the scores
@@ -34,10 +39,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.model.dispatch import Dispatch, expert_matmul, experts_swiglu, resolve_backend
+from trainer.config import ExpertFfnConfig, RouterConfig
+from trainer.model.dispatch import Dispatch, expert_ffn, experts_swiglu, resolve_backend
 from trainer.model.expert_parallel import ExpertShard, ep_experts_swiglu
 from trainer.model.layers import SwiGLU
 from trainer.model.noisy_gating import NoiseScale, noisy_topk_logits
+from trainer.model.routing import (
+    affinities,
+    choice_scores,
+    distribution,
+    gate_weights,
+    select_experts,
+    topk_gates,
+)
+
+__all__ = ["ExpertWeights", "LayerRouting", "MoELayer", "Router", "topk_gates"]
 
 
 @dataclass
@@ -45,10 +61,11 @@ class LayerRouting:
     """One MoE layer's routing for a batch; all fp32/int64 and (B, T, ...).
 
     logits: (B, T, E) router logits after temperature
-    probs: (B, T, E) softmax of logits
+    probs: (B, T, E) the router's distribution over experts: the softmax, or a sigmoid
+        router's affinities normalised to sum 1 (``trainer.model.routing.distribution``)
     natural_indices: (B, T, k) the router's own top-k
     used_indices: (B, T, k) experts actually used (override where given)
-    gates: (B, T, k) renormalised weights of used_indices
+    gates: (B, T, k) weights of used_indices (``trainer.model.routing.gate_weights``)
     """
 
     logits: torch.Tensor
@@ -58,26 +75,19 @@ class LayerRouting:
     gates: torch.Tensor
 
 
-def topk_gates(probs: torch.Tensor, indices: torch.Tensor, normalize: bool = True) -> torch.Tensor:
-    """Gate weights: probs gathered at ``indices``, renormalised to sum 1 when
-    ``normalize`` (norm_topk_prob), else the raw full-softmax probabilities.
-
-    probs: (..., E) full softmax; indices: (..., k). Returns (..., k).
-    """
-    picked = probs.gather(-1, indices)
-    if not normalize:
-        return picked
-    return picked / picked.sum(-1, keepdim=True)
-
-
 class Router(nn.Module):
-    """Linear router; logits and softmax in fp32 regardless of autocast."""
+    """Linear router; logits and scores in fp32 regardless of autocast. ``cfg`` (a
+    ``RouterConfig``, None = the default softmax router): score function, logit bias,
+    groups and gate scaling."""
 
-    def __init__(self, d_model: int, n_experts: int, top_k: int):
+    def __init__(self, d_model: int, n_experts: int, top_k: int, cfg: RouterConfig | None = None):
         super().__init__()
         self.n_experts = n_experts
         self.top_k = top_k
+        self.cfg = cfg or RouterConfig()
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        # GPT-OSS's learned logit bias (a parameter, trained), not the selection bias.
+        self.bias = nn.Parameter(torch.zeros(n_experts)) if self.cfg.bias else None
         # Persistent so checkpoints and the rollout engine's weight sync carry them.
         self.register_buffer("selection_bias", torch.zeros(n_experts))
         self.register_buffer("temperature", torch.ones(()))
@@ -98,22 +108,35 @@ class Router(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (N, D) -> (N, E) fp32 logits / temperature."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return F.linear(x.float(), self.weight.float()) / self.temperature
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias) / self.temperature
 
     def selection_scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """Scores the top-k selection ranks: logits + per-expert bias (selection only),
-        plus Gaussian noise of the learned scale in training mode when noise is enabled."""
-        scores = logits + self.selection_bias
+        """Scores the top-k selection ranks (``routing.choice_scores``): the per-expert
+        bias added (selection only), plus Gaussian noise of the learned scale in
+        training mode when noise is enabled."""
+        perturb = None
         if self.noise is not None and self.training:
-            scores = noisy_topk_logits(scores, self.noise(), self.noise_generator)
-        return scores
+
+            def perturb(scores: torch.Tensor) -> torch.Tensor:
+                return noisy_topk_logits(scores, self.noise(), self.noise_generator)
+
+        return choice_scores(logits, self.selection_bias, self.cfg.score, perturb)
 
     def forward(self, x: torch.Tensor):
-        """x: (N, D) -> logits (N, E), probs (N, E), natural top-k indices (N, k)."""
+        """x: (N, D) -> logits (N, E), scores (N, E) (the affinities gates come from:
+        softmax or sigmoid), natural top-k indices (N, k)."""
         logits = self.logits(x)
-        probs = logits.softmax(dim=-1)
-        natural = self.selection_scores(logits).topk(self.top_k, dim=-1).indices
-        return logits, probs, natural
+        scores = affinities(logits, self.cfg.score)
+        cfg = self.cfg
+        natural = select_experts(
+            self.selection_scores(logits),
+            self.top_k,
+            cfg.n_groups,
+            cfg.topk_groups,
+            cfg.group_score,
+        )
+        return logits, scores, natural
 
 
 class ExpertWeights(nn.Module):
@@ -123,12 +146,30 @@ class ExpertWeights(nn.Module):
     slices ``[e]`` (per-expert gradient clipping uses that).
     """
 
-    def __init__(self, n_experts: int, d_model: int, hidden: int, backend: str = "auto"):
+    def __init__(
+        self,
+        n_experts: int,
+        d_model: int,
+        hidden: int,
+        backend: str = "auto",
+        ffn: ExpertFfnConfig | None = None,
+    ):
         super().__init__()
         self.w_gate = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w_up = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, d_model))
         self.backend = backend  # "auto" | "grouped_mm" | "loop" (trainer.model.dispatch)
+        # GPT-OSS: per-expert biases (E, H), (E, H), (E, D) and the clamped SwiGLU.
+        self.ffn = ffn if ffn is not None and ffn != ExpertFfnConfig() else None
+        self.b_gate = self.b_up = self.b_down = None
+        if self.ffn is not None and self.ffn.bias:
+            self.b_gate = nn.Parameter(torch.zeros(n_experts, hidden))
+            self.b_up = nn.Parameter(torch.zeros(n_experts, hidden))
+            self.b_down = nn.Parameter(torch.zeros(n_experts, d_model))
+
+    @property
+    def biases(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        return None if self.b_gate is None else (self.b_gate, self.b_up, self.b_down)
 
     def forward(self, xs: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
         """The SwiGLU of each row's expert: xs (M, D) grouped by expert
@@ -138,17 +179,18 @@ class ExpertWeights(nn.Module):
         that an FSDP unit around this module gathers the expert weights around
         exactly this computation (trainer.distributed.shard_model)."""
         kind = resolve_backend(self.backend, xs)
-        hidden = F.silu(expert_matmul(xs, self.w_gate, dispatch, kind)) * expert_matmul(
-            xs, self.w_up, dispatch, kind
+        return expert_ffn(
+            xs, dispatch, self.w_gate, self.w_up, self.w_down, kind, self.biases, self.ffn
         )
-        return expert_matmul(hidden, self.w_down, dispatch, kind)
 
 
 class MoELayer(nn.Module):
     """Top-k routed SwiGLU experts plus an optional always-on shared expert.
 
     ``shared_expert_gate`` scales the shared expert per token by
-    sigmoid(x w_g), w_g (1, D) (Qwen2-MoE's ``shared_expert_gate``).
+    sigmoid(x w_g), w_g (1, D) (Qwen2-MoE's ``shared_expert_gate``); without the
+    gate the shared expert is always added (DeepSeek's shared experts). ``router``
+    and ``expert_ffn``: the routing and expert features of ``trainer.config.model_parts``.
     """
 
     def __init__(
@@ -161,13 +203,15 @@ class MoELayer(nn.Module):
         backend: str = "auto",
         norm_topk_prob: bool = True,
         shared_expert_gate: bool = False,
+        router: RouterConfig | None = None,
+        expert_ffn: ExpertFfnConfig | None = None,
     ):
         super().__init__()
         self.n_experts = n_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.router = Router(d_model, n_experts, top_k)
-        self.experts = ExpertWeights(n_experts, d_model, expert_hidden, backend)
+        self.router = Router(d_model, n_experts, top_k, router)
+        self.experts = ExpertWeights(n_experts, d_model, expert_hidden, backend, expert_ffn)
         self.shared = SwiGLU(d_model, shared_expert_hidden) if shared_expert_hidden else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_expert_gate else None
         # Set by expert_parallel.shard_experts_: this rank holds a slice of the experts
@@ -187,7 +231,9 @@ class MoELayer(nn.Module):
         """
         b, t, d = x.shape
         flat = x.reshape(b * t, d)
-        logits, probs, natural = self.router(flat)
+        logits, scores, natural = self.router(flat)
+        score_kind = self.router.cfg.score
+        probs = distribution(scores, score_kind)
         used = natural
         if routing_override is not None:
             override = routing_override.reshape(b * t, self.top_k).to(natural.device)
@@ -195,12 +241,14 @@ class MoELayer(nn.Module):
                 keep = override_mask.reshape(b * t, 1).to(natural.device)
                 override = torch.where(keep, override, natural)
             used = override
-        gates = topk_gates(probs, used, self.norm_topk_prob)
+        gates = gate_weights(scores, used, self.norm_topk_prob, score_kind, self.router.cfg.scaling)
         e = self.experts
         if self.expert_shard is not None:
             y = ep_experts_swiglu(flat, gates, used, e, self.expert_shard)
         else:
-            y = experts_swiglu(flat, gates, used, e.w_gate, e.w_up, e.w_down, e.backend)
+            y = experts_swiglu(
+                flat, gates, used, e.w_gate, e.w_up, e.w_down, e.backend, e.biases, e.ffn
+            )
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:

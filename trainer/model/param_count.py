@@ -1,8 +1,9 @@
 """Parameter count of a config's model, estimated from the config alone (no tensors).
 
 The platform checks it against a deployment's limit before a run is queued, so
-the formula must match ``trainer.model.transformer.TransformerLM`` exactly
-(tests/trainer/test_param_count.py builds the real model and compares):
+the count must match ``trainer.model.transformer.TransformerLM`` exactly: it sums the
+shapes of ``trainer.model.shapes.parameter_shapes`` (tests/trainer/test_param_count.py
+builds the real model and compares). In short:
 
     embeddings   V*D  (+ S*D for learned positions)
     per block    attention 4*D*D (fused qkv 3*D*D + out proj D*D) + 2 RMSNorms 2*D
@@ -14,13 +15,18 @@ the formula must match ``trainer.model.transformer.TransformerLM`` exactly
     head         V*D unless tied to the embedding (+ value head D+1 for PPO)
 
 with V the vocabulary, D ``d_model``, S ``max_seq_len``, E ``n_experts``,
-H_e ``expert_hidden``, H_s ``shared_expert_hidden``, H_d the dense hidden width.
+H_e ``expert_hidden``, H_s ``shared_expert_hidden``, H_d the dense hidden width (the
+latent attention, sinks, router and expert biases: ``trainer.model.shapes``).
 Active parameters (``active=True``) count top_k experts per MoE layer instead of E.
 """
 
 from __future__ import annotations
 
+from math import prod
+
 from trainer.config import ExperimentConfig, ModelConfig
+from trainer.model.shapes import attention_shapes, block_shapes, ffn_shapes, is_routed_expert
+from trainer.model.shapes import parameter_shapes as parameter_shapes
 
 
 def swiglu_params(d_model: int, hidden: int) -> int:
@@ -28,42 +34,36 @@ def swiglu_params(d_model: int, hidden: int) -> int:
     return 3 * d_model * hidden
 
 
+def _count(shapes: dict[str, tuple[int, ...]], active: tuple[int, int] = (1, 1)) -> int:
+    """Sum of the shapes' sizes; routed-expert tensors (E on dim 0) scaled by
+    ``active`` = (top_k, E) for the parameters one token uses."""
+    used, of = active
+    return sum(
+        prod(shape) // of * used if is_routed_expert(name) else prod(shape)
+        for name, shape in shapes.items()
+    )
+
+
 def attention_params(cfg: ModelConfig) -> int:
-    """One attention layer: fused qkv (D x (H + 2 Hkv) hd), output ((H hd) x D), their
-    biases (``attention_bias``) and the q/k RMSNorms (``qk_norm``: hd each per head,
-    or H hd and Hkv hd over the whole projections)."""
-    d, hd = cfg.d_model, cfg.resolved_head_dim
-    q_dim, kv_dim = cfg.n_heads * hd, cfg.resolved_n_kv_heads * hd
-    count = d * (q_dim + 2 * kv_dim) + q_dim * d
-    if cfg.attention_bias != "none":
-        count += q_dim + 2 * kv_dim
-    if cfg.attention_bias == "qkvo":
-        count += d
-    if cfg.qk_norm == "head":
-        count += 2 * hd
-    elif cfg.qk_norm == "full":
-        count += q_dim + kv_dim
-    return count
+    """One attention layer (``trainer.model.shapes.attention_shapes``): fused qkv, output,
+    biases, q/k norms and sinks, or the latent attention's projections and norms."""
+    return _count(attention_shapes(cfg, ""))
 
 
 def ffn_params(cfg: ModelConfig, index: int, active: bool = False) -> int:
-    """Block ``index``'s FFN: router E*D + experts (all E, or the top_k a token uses when
-    ``active``) + shared expert 3*D*H_s (+ its gate D); a dense block's SwiGLU 3*D*H_d."""
-    d = cfg.d_model
-    if not cfg.is_moe_block(index):
-        return swiglu_params(d, cfg.resolved_dense_hidden)
-    experts = cfg.top_k if active else cfg.n_experts
-    count = cfg.n_experts * d + experts * swiglu_params(d, cfg.expert_hidden)
-    if cfg.shared_expert_hidden:
-        count += swiglu_params(d, cfg.shared_expert_hidden)
-    if cfg.shared_expert_gate:
-        count += d
-    return count
+    """Block ``index``'s FFN: router (+ bias) + experts (all E, or the top_k a token uses
+    when ``active``; with their biases) + shared expert (+ its gate); a dense block's
+    SwiGLU 3*D*H_d."""
+    return _count(ffn_shapes(cfg, index, ""), _active_share(cfg, active))
+
+
+def _active_share(cfg: ModelConfig, active: bool) -> tuple[int, int]:
+    return (cfg.top_k, cfg.n_experts) if active and cfg.is_moe else (1, 1)
 
 
 def block_params(cfg: ModelConfig, index: int = 0, active: bool = False) -> int:
     """One transformer block: attention, two RMSNorms and its FFN (MoE or dense)."""
-    return attention_params(cfg) + 2 * cfg.d_model + ffn_params(cfg, index, active)
+    return _count(block_shapes(cfg, index), _active_share(cfg, active))
 
 
 def model_params(
@@ -72,14 +72,7 @@ def model_params(
     """Total parameters of ``TransformerLM(cfg, vocab_size, value_head)`` (tied weights
     once); with ``active`` the parameters one token uses (top_k of each MoE layer's
     experts, every other weight)."""
-    d = cfg.d_model
-    embeddings = vocab_size * d
-    if cfg.positional == "learned":
-        embeddings += cfg.max_seq_len * d
-    head = 0 if cfg.tie_embeddings else vocab_size * d
-    value = d + 1 if value_head else 0
-    blocks = sum(block_params(cfg, i, active) for i in range(cfg.n_layers))
-    return embeddings + blocks + d + head + value
+    return _count(parameter_shapes(cfg, vocab_size, value_head), _active_share(cfg, active))
 
 
 def config_params(cfg: ExperimentConfig) -> int:

@@ -32,6 +32,7 @@ from trainer.model.layers import (
     rope_frequencies,
     rotary_cos_sin,
 )
+from trainer.model.mla import MultiLatentAttention
 from trainer.model.moe import LayerRouting, MoELayer
 
 
@@ -46,15 +47,20 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = CausalSelfAttention(
-            cfg.d_model,
-            cfg.n_heads,
-            n_kv_heads=cfg.n_kv_heads,
-            head_dim=cfg.head_dim,
-            qk_norm=cfg.qk_norm,
-            bias=cfg.attention_bias,
-            norm_eps=cfg.norm_eps,
-        )
+        self.attn: nn.Module
+        if cfg.mla.enabled:
+            self.attn = MultiLatentAttention(cfg)
+        else:
+            self.attn = CausalSelfAttention(
+                cfg.d_model,
+                cfg.n_heads,
+                n_kv_heads=cfg.n_kv_heads,
+                head_dim=cfg.head_dim,
+                qk_norm=cfg.qk_norm,
+                bias=cfg.attention_bias,
+                norm_eps=cfg.norm_eps,
+                sinks=cfg.attention_sinks,
+            )
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         if cfg.is_moe_block(index):
             self.ffn: nn.Module = MoELayer(
@@ -65,6 +71,8 @@ class Block(nn.Module):
                 cfg.shared_expert_hidden,
                 norm_topk_prob=cfg.norm_topk_prob,
                 shared_expert_gate=cfg.shared_expert_gate,
+                router=cfg.router,
+                expert_ffn=cfg.expert_ffn,
             )
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.resolved_dense_hidden)
@@ -100,7 +108,7 @@ class TransformerLM(nn.Module):
         self.value_head = nn.Linear(cfg.d_model, 1) if value_head else None
         if cfg.positional == "rope":
             inv_freq, self.rope_scale = rope_frequencies(
-                cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling
+                cfg.resolved_rotary_dim, cfg.rope_theta, cfg.rope_scaling
             )
             self.register_buffer("rope_inv_freq", inv_freq, persistent=False)
         self._init_weights()
@@ -113,6 +121,9 @@ class TransformerLM(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        for name, param in self.named_parameters():
+            if name.endswith((".experts.b_gate", ".experts.b_up", ".experts.b_down")):
+                nn.init.zeros_(param)  # (E, H) biases: 2-D, but biases start at 0
 
     # ------------------------------------------------------------------ MoE access
     @property
@@ -145,7 +156,7 @@ class TransformerLM(nn.Module):
         if seq_len is None:
             return self.rope_inv_freq
         inv_freq, _ = rope_frequencies(
-            self.cfg.resolved_head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
+            self.cfg.resolved_rotary_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
         )
         return inv_freq.to(positions.device)
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from trainer.config import ModelConfig
 from trainer.model.expert_parallel import all_finished
 from trainer.model.layers import positions_from_mask, rope_frequencies
+from trainer.model.mla import mla_softmax_scale
 from trainer.rollout.forward import EngineForward
 from trainer.rollout.numerics import Numerics
 from trainer.rollout.router_noise import RouterNoise
@@ -106,11 +107,20 @@ class RolloutEngine(EngineWeights, EngineForward):
         self.head_dim = cfg.resolved_head_dim
         kv_dim = self.n_kv_heads * self.head_dim
         self.qkv_split = (self.n_heads * self.head_dim, kv_dim, kv_dim)
+        # Rotary covers the first rotary_dim of each head (all of it but under partial
+        # rotary; the rope part of a latent-attention head).
+        self.rotary_dim = cfg.resolved_rotary_dim
+        self.attn_scale = mla_softmax_scale(cfg) if cfg.mla.enabled else self.head_dim**-0.5
         # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
-        # needs as many key as query heads and no per-tensor q/k norm.
-        self.joint_qk = self.n_kv_heads == self.n_heads and cfg.qk_norm == "none"
+        # needs as many key as query heads, no per-tensor q/k norm, whole-head rotary.
+        self.joint_qk = (
+            self.n_kv_heads == self.n_heads
+            and cfg.qk_norm == "none"
+            and self.rotary_dim == self.head_dim
+            and not cfg.mla.enabled
+        )
         inv_freq, self.rope_scale = rope_frequencies(
-            self.head_dim, cfg.rope_theta, cfg.rope_scaling
+            self.rotary_dim, cfg.rope_theta, cfg.rope_scaling
         )
         self.inv_freq = inv_freq.to(self.device)
         self.layers: list[EngineLayer] = []

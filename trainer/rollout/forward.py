@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from trainer.model.activations import gated_hidden
 from trainer.model.dispatch import Dispatch, expert_counts, resolve_backend
 from trainer.model.expert_parallel import run_on_owners
 from trainer.model.layers import (
@@ -25,7 +26,10 @@ from trainer.model.layers import (
     rms_norm,
     rope_frequencies,
     rotary_cos_sin,
+    sink_attention,
 )
+from trainer.model.routing import affinities, choice_scores, gate_weights, select_experts
+from trainer.rollout.mla import latent_cache_shape, latent_output, latent_rows
 from trainer.rollout.weights import EngineLayer
 
 
@@ -33,17 +37,25 @@ class EngineForward:
     """Prefill (``_forward``) and one-token decode (``_decode``) over ``self.layers``."""
 
     def _static_cache(self, batch: int, length: int):
-        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls."""
-        shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
+        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls.
+
+        Latent attention caches one (L, B, 1, S, r + d_r) buffer of latent rows; its
+        values are a view of the rows' first r columns (``trainer.rollout.mla``)."""
+        if self.cfg.mla.enabled:
+            shape = latent_cache_shape(self.cfg, batch, length)
+        else:
+            shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
         if (
             self._cache is None
             or self._cache[0].shape[:2] != shape[:2]
             or (self._cache[0].shape[3] < length)
         ):
-            self._cache = (
-                torch.empty(shape, dtype=self.num.dtype, device=self.device),
-                torch.empty(shape, dtype=self.num.dtype, device=self.device),
-            )
+            keys = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+            if self.cfg.mla.enabled:
+                values = keys[..., : self.cfg.mla.kv_lora_rank]
+            else:
+                values = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+            self._cache = (keys, values)
         return self._cache
 
     def _rope_table(self, length: int) -> torch.Tensor:
@@ -58,7 +70,7 @@ class EngineForward:
         if self._rope is None or self._rope.shape[0] < length:
             positions = torch.arange(length, device=self.device)[None]
             cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq, self.rope_scale))
-            half = self.head_dim // 2
+            half = self.rotary_dim // 2
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
             self._rope = torch.stack((cos, sin), dim=1)
         return self._rope
@@ -70,7 +82,7 @@ class EngineForward:
         if seq_len is None:
             return self.inv_freq
         inv_freq, _ = rope_frequencies(
-            self.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
+            self.rotary_dim, self.cfg.rope_theta, self.cfg.rope_scaling, seq_len
         )
         return inv_freq.to(self.device)
 
@@ -81,7 +93,7 @@ class EngineForward:
             return self._rope[position]
         cos, sin = rotary_cos_sin(position[:, None], self._inv_freq_for(position))
         cos, sin = cos[:, 0, 0], sin[:, 0, 0]  # (B, hd)
-        half = self.head_dim // 2
+        half = self.rotary_dim // 2
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return torch.stack((cos, sin), dim=1)
 
@@ -146,16 +158,28 @@ class EngineForward:
         # Router input is the stored (half) activation; logits come out of a
         # half GEMM, then temperature and softmax in fp32.
         logits = num.linear(x, layer.router, fp8=False).float()
+        if layer.router_bias is not None:
+            logits = logits + layer.router_bias
         if layer.has_temperature:
             logits = logits / layer.router_temperature
-        probs = logits.softmax(dim=-1)
-        scores = logits + layer.selection_bias if layer.has_selection_bias else logits
+        # The router's formulas are the training model's (trainer.model.routing).
+        rc = self.cfg.router
+        scores = affinities(logits, rc.score)
+        perturb = None
         if self.router_noise is not None:
-            # Only the choice moves; the gates below read the unperturbed probs.
-            scores = self.router_noise.perturb(scores, x, layer.moe_index)
-        top = scores.topk(self.cfg.top_k, dim=-1).indices
-        picked = probs.gather(-1, top)
-        gates = picked / picked.sum(-1, keepdim=True) if self.cfg.norm_topk_prob else picked
+            # Only the choice moves; the gates below read the unperturbed scores.
+            def perturb(choice: torch.Tensor) -> torch.Tensor:
+                return self.router_noise.perturb(choice, x, layer.moe_index)
+
+        bias = layer.selection_bias if layer.has_selection_bias else None
+        top = select_experts(
+            choice_scores(logits, bias, rc.score, perturb),
+            self.cfg.top_k,
+            rc.n_groups,
+            rc.topk_groups,
+            rc.group_score,
+        )
+        gates = gate_weights(scores, top, self.cfg.norm_topk_prob, rc.score, rc.scaling)
 
         shard = self.expert_shard
         dispatch = self._dispatch(top, shard.n_experts if shard else layer.router.shape[0])
@@ -164,12 +188,23 @@ class EngineForward:
         # they are fp32 even where the engine stores bf16 (trainer.rollout.numerics).
         backend = resolve_backend(self.moe_backend, xs)
 
+        ffn = self.cfg.expert_ffn
+        plain = ffn.activation == "swiglu"
+
         def experts(rows: torch.Tensor, groups: Dispatch) -> torch.Tensor:
-            gate, up = num.expert_linear(rows, layer.experts_gate_up, groups, backend).chunk(
-                2, dim=-1
+            gate_up = num.expert_linear(rows, layer.experts_gate_up, groups, backend)
+            row_expert = None
+            if layer.experts_gate_up_bias is not None:  # GPT-OSS
+                row_expert = groups.row_experts(rows.shape[0])
+                gate_up = num.round_(gate_up + layer.experts_gate_up_bias[row_expert])
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate).mul_(up) if plain else gated_hidden(gate, up, ffn)
+            out = num.expert_linear(
+                num.expert_input(num.round_(act)), layer.experts_down, groups, backend
             )
-            hidden = num.expert_input(num.round_(F.silu(gate).mul_(up)))
-            return num.expert_linear(hidden, layer.experts_down, groups, backend)
+            if row_expert is not None:
+                out = num.round_(out + layer.experts_down_bias[row_expert])
+            return out
 
         ys = (
             experts(xs, dispatch)
@@ -194,6 +229,24 @@ class EngineForward:
                 )
             y = y + shared
         return num.round_(y), top
+
+    def _latent_prefill(self, layer, h, rope, cache, cache_start, i, mask4d) -> torch.Tensor:
+        """Latent attention over new tokens h (B, T, D) (``trainer.rollout.mla``): their
+        latent rows written to the cache at [cache_start, cache_start + T) when there is
+        one; returns the (B, T, H d_v) attention output before W_o."""
+        query, rows = latent_rows(self, layer.mla, h, lambda z: apply_rotary(z, *rope))
+        keys = rows
+        if cache is not None:
+            end = cache_start + rows.shape[2]
+            cache[0][i, :, :, cache_start:end] = rows
+            keys = cache[0][i, :, :, :end]
+        values = keys[..., : self.cfg.mla.kv_lora_rank]
+        # Multi-query attention over the latent: one key/value head for the H queries.
+        attended = F.scaled_dot_product_attention(
+            query, keys.expand(-1, self.n_heads, -1, -1), values.expand(-1, self.n_heads, -1, -1),
+            attn_mask=mask4d, scale=self.attn_scale,
+        )  # fmt: skip
+        return latent_output(self, layer.mla, self.num.round_(attended))
 
     def _forward(
         self,
@@ -231,20 +284,23 @@ class EngineForward:
         moe_i = 0
         for i, layer in enumerate(self.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
-            q, k, v = (z.transpose(1, 2) for z in self._qkv(h, layer, b, t))
-            if rope is not None:
-                q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
-            if cache is not None:
-                end = cache_start + t
-                cache[0][i, :, :, cache_start:end] = k
-                cache[1][i, :, :, cache_start:end] = v
-                k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
-            k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
-            y = num.round_(
-                _attention(q, k, v, slide4d if self.cfg.uses_sliding_window(i) else mask4d)
-            )
-            y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
-            x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
+            mask_i = slide4d if self.cfg.uses_sliding_window(i) else mask4d
+            if layer.mla is not None:
+                y = self._latent_prefill(layer, h, rope, cache, cache_start, i, mask_i)
+                x = num.round_(x + num.linear(y, layer.wo))
+            else:
+                q, k, v = (z.transpose(1, 2) for z in self._qkv(h, layer, b, t))
+                if rope is not None:
+                    q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
+                if cache is not None:
+                    end = cache_start + t
+                    cache[0][i, :, :, cache_start:end] = k
+                    cache[1][i, :, :, cache_start:end] = v
+                    k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+                k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
+                y = num.round_(_attention(q, k, v, mask_i, layer.sinks))
+                y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+                x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
@@ -258,6 +314,37 @@ class EngineForward:
             x = num.round_(x + y)
         h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
         return num.linear(h, self.lm_head, fp8=False).float()
+
+    def _attend_one(self, q, keys, values, bias, sinks, n_kv: int, groups: int) -> torch.Tensor:
+        """One query per row over the cache, by hand: for one query SDPA's blocked CPU
+        kernel costs more than these few small ops. Grouped-query: the g query heads
+        of key head j are rows of one (g, hd) @ (hd, S) product. q (B, H, hd); keys
+        (B, Hkv, S, hd), values (B, Hkv, S, d_v); bias broadcastable to (B, Hkv, g, S);
+        sinks (H,) or None. Returns the stored (B, Hkv, g, d_v)."""
+        b = q.shape[0]
+        q = q.reshape(b, n_kv, groups, q.shape[-1])
+        scores = (q @ keys.transpose(-1, -2)) * self.attn_scale  # (B, Hkv, g, S)
+        logits = scores.float() + bias
+        if sinks is None:
+            weights = logits.softmax(-1)
+        else:  # GPT-OSS: a per-head sink logit joins the softmax, its share dropped
+            sink = sinks.view(1, n_kv, groups, 1).expand(b, n_kv, groups, 1)
+            weights = torch.cat((logits, sink), dim=-1).softmax(-1)[..., :-1]
+        return self.num.round_(weights.to(values.dtype) @ values)
+
+    def _latent_decode(self, layer, h, cos, sin, kv, i: int) -> torch.Tensor:
+        """One decode step of latent attention (``trainer.rollout.mla``): h (B, D) ->
+        the (B, H d_v) output before W_o; the new latent row goes through ``kv``."""
+        b = h.shape[0]
+        r = self.cfg.mla.kv_lora_rank
+
+        def rotate(z: torch.Tensor) -> torch.Tensor:
+            return _rotate(z, cos, sin, self.rotary_dim)
+
+        query, rows = latent_rows(self, layer.mla, h[:, None], rotate)
+        keys, values, bias = kv(i, rows[:, :, 0], rows[:, :, 0, :r])
+        attended = self._attend_one(query[:, :, 0], keys, values, bias, None, 1, self.n_heads)
+        return latent_output(self, layer.mla, attended.view(b, self.n_heads, 1, r))[:, 0]
 
     def _decode(
         self,
@@ -318,40 +405,38 @@ class EngineForward:
         num = self.num
         b = token.shape[0]
         n_heads, n_kv, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        rd = self.rotary_dim
         groups = n_heads // n_kv
         x = self.tok_emb[token]  # (B, D), rows of a stored table
         cos = sin = None
         if self.pos_emb is not None:
             x = num.round_(x + self.pos_emb[position])
         else:
-            angles = self._decode_angles(position)  # (B, 2, hd)
-            cos = angles[:, 0].view(b, 1, 1, head_dim)
-            sin = angles[:, 1].view(b, 1, 1, head_dim)
-        scale = head_dim**-0.5
+            angles = self._decode_angles(position)  # (B, 2, rd)
+            cos = angles[:, 0].view(b, 1, 1, rd)
+            sin = angles[:, 1].view(b, 1, 1, rd)
         moe_i = 0
         for i, layer in enumerate(self.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
-            if self.joint_qk:
-                qkv = self._linear_bias(h, layer.wqkv, layer.qkv_bias).view(b, 3, n_heads, head_dim)
-                qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
-                if cos is not None:
-                    qk = num.round_(_rotate(qk, cos, sin, head_dim))
-                q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+            if layer.mla is not None:
+                y = self._latent_decode(layer, h, cos, sin, kv, i)
+                x = num.round_(x + num.linear(y, layer.wo))
             else:
-                q, k, v = (z[:, 0] for z in self._qkv(h[:, None], layer, b, 1))
-                if cos is not None:
-                    q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], head_dim))
-                    k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], head_dim))
-            keys, values, bias = kv(i, k, v)
-            # Single-query attention by hand: for one query SDPA's blocked CPU
-            # kernel costs more than these few small ops. Grouped-query: the g
-            # query heads of key head j are rows of one (g, hd) @ (hd, S) product.
-            q = q.reshape(b, n_kv, groups, head_dim)
-            scores = (q @ keys.transpose(-1, -2)) * scale  # (B, Hkv, g, S)
-            weights = (scores.float() + bias).softmax(-1)
-            y = num.round_(weights.to(values.dtype) @ values)  # (B, Hkv, g, hd)
-            y = y.view(b, n_heads * head_dim)
-            x = num.round_(x + self._linear_bias(y, layer.wo, layer.wo_bias))
+                if self.joint_qk:
+                    qkv = self._linear_bias(h, layer.wqkv, layer.qkv_bias)
+                    qkv = qkv.view(b, 3, n_heads, head_dim)
+                    qk = qkv[:, :2]  # (B, 2, H, hd): query and key rotated together
+                    if cos is not None:
+                        qk = num.round_(_rotate(qk, cos, sin, rd))
+                    q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+                else:
+                    q, k, v = (z[:, 0] for z in self._qkv(h[:, None], layer, b, 1))
+                    if cos is not None:
+                        q = num.round_(_rotate(q, cos[:, 0], sin[:, 0], rd))
+                        k = num.round_(_rotate(k, cos[:, 0], sin[:, 0], rd))
+                keys, values, bias = kv(i, k, v)
+                y = self._attend_one(q, keys, values, bias, layer.sinks, n_kv, groups)
+                x = num.round_(x + self._linear_bias(y.view(b, -1), layer.wo, layer.wo_bias))
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
@@ -366,15 +451,22 @@ class EngineForward:
         return num.linear(h, self.lm_head, fp8=False).float()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int):
-    """Rotary on (..., hd) with the sign-folded sin table (``_rope_table``), in fp32."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int):
+    """Rotary on the first ``rotary_dim`` of (..., hd) with the sign-folded sin table
+    (``_rope_table``), in fp32; the other dims pass (partial rotary, GLM-4.5)."""
+    if x.shape[-1] > rotary_dim:
+        rotated = _rotate(x[..., :rotary_dim], cos, sin, rotary_dim)
+        return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
     xf = x.float()
-    return (xf * cos + xf.roll(head_dim // 2, dims=-1) * sin).to(x.dtype)
+    return (xf * cos + xf.roll(rotary_dim // 2, dims=-1) * sin).to(x.dtype)
 
 
-def _attention(q, k, v, mask4d):
-    """Softmax attention. One query per row (decode) is done by hand: for a
-    single query SDPA's blocked CPU kernel costs more than three small ops."""
+def _attention(q, k, v, mask4d, sinks=None):
+    """Softmax attention (with GPT-OSS's per-head sink logits when ``sinks`` (H,) is
+    given: ``trainer.model.layers.sink_attention``). One query per row (decode) is done
+    by hand: for a single query SDPA's blocked CPU kernel costs more than three small ops."""
+    if sinks is not None:
+        return sink_attention(q, k, v, mask4d, sinks)
     if q.shape[2] > 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask4d)
     scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.rollout.fp8 import Fp8Experts, Fp8Weight
+from trainer.rollout.mla import MlaWeights, load_mla
 
 # A projection's weight: a tensor, or e4m3 data and scale under native fp8.
 Proj = torch.Tensor | Fp8Weight
@@ -28,9 +29,11 @@ class EngineLayer:
     """One transformer block in the engine's layout and precision (shapes per field)."""
 
     attn_norm: torch.Tensor
-    wqkv: Proj  # ((H + 2 Hkv) hd, D): queries, keys, values
-    wo: Proj  # (D, H hd)
+    wqkv: Proj | None  # ((H + 2 Hkv) hd, D): queries, keys, values (None: latent attention)
+    wo: Proj  # (D, H hd), or (D, H d_v) after latent attention
     ffn_norm: torch.Tensor
+    mla: MlaWeights | None = None  # latent attention (trainer.rollout.mla)
+    sinks: torch.Tensor | None = None  # (H,) fp32 attention sink logits (GPT-OSS)
     # Hugging Face attention features (docs/models.md); None when absent
     qkv_bias: torch.Tensor | None = None  # ((H + 2 Hkv) hd,)
     wo_bias: torch.Tensor | None = None  # (D,)
@@ -42,10 +45,13 @@ class EngineLayer:
     w_down: Proj | None = None  # (D, H)
     # MoE
     router: torch.Tensor | None = None  # (E, D)
+    router_bias: torch.Tensor | None = None  # (E,) fp32 logit bias (GPT-OSS)
     selection_bias: torch.Tensor | None = None  # (E,) fp32
     router_temperature: float = 1.0
     experts_gate_up: Experts | None = None  # (E, D, 2H) fused for one grouped matmul
     experts_down: Experts | None = None  # (E, H, D)
+    experts_gate_up_bias: torch.Tensor | None = None  # (E, 2H) (GPT-OSS)
+    experts_down_bias: torch.Tensor | None = None  # (E, D)
     shared_gate: Proj | None = None
     shared_up: Proj | None = None
     shared_down: Proj | None = None
@@ -83,16 +89,20 @@ class EngineWeights:
         previous, self.layers = self.layers, []
         for i in range(self.cfg.n_layers):
             p = f"blocks.{i}."
+            latent = self.cfg.mla.enabled
             layer = EngineLayer(
                 attn_norm=w(sd[p + "attn_norm.weight"]),
-                wqkv=g(p + "attn.qkv.weight"),
+                wqkv=None if latent else g(p + "attn.qkv.weight"),
                 wo=g(p + "attn.proj.weight"),
                 ffn_norm=w(sd[p + "ffn_norm.weight"]),
+                mla=load_mla(self, sd, p + "attn.") if latent else None,
             )
             self._load_attention_extras(layer, sd, p)
             if p + "ffn.router.weight" in sd:
                 layer.moe_index = sum(prev.is_moe for prev in self.layers)
                 layer.router = w(sd[p + "ffn.router.weight"])
+                if p + "ffn.router.bias" in sd:
+                    layer.router_bias = sd[p + "ffn.router.bias"].to(self.device, torch.float32)
                 layer.selection_bias = sd[p + "ffn.router.selection_bias"].to(
                     self.device, torch.float32
                 )
@@ -112,6 +122,10 @@ class EngineWeights:
                         previous[i].experts_gate_up if i < len(previous) else None, gate, up
                     )
                     layer.experts_down = w(sd[p + "ffn.experts.w_down"])
+                if p + "ffn.experts.b_gate" in sd:
+                    biases = (sd[p + f"ffn.experts.b_{n}"] for n in ("gate", "up"))
+                    layer.experts_gate_up_bias = w(torch.cat(tuple(biases), dim=-1))
+                    layer.experts_down_bias = w(sd[p + "ffn.experts.b_down"])
                 if p + "ffn.shared.w_gate.weight" in sd:
                     layer.shared_gate = g(p + "ffn.shared.w_gate.weight")
                     layer.shared_up = g(p + "ffn.shared.w_up.weight")
@@ -146,7 +160,8 @@ class EngineWeights:
     def _load_attention_extras(
         self, layer: EngineLayer, sd: dict[str, torch.Tensor], p: str
     ) -> None:
-        """Biases and q/k norms of the Hugging Face families (absent in the builtin model)."""
+        """Biases, q/k norms and sinks of the Hugging Face families (absent in the builtin
+        model unless configured)."""
         w = self.num.weight
         get = sd.get
         if get(p + "attn.qkv.bias") is not None:
@@ -156,3 +171,5 @@ class EngineWeights:
         if get(p + "attn.q_norm.weight") is not None:
             layer.q_norm = w(sd[p + "attn.q_norm.weight"])
             layer.k_norm = w(sd[p + "attn.k_norm.weight"])
+        if get(p + "attn.sinks") is not None:
+            layer.sinks = sd[p + "attn.sinks"].detach().to(self.device, torch.float32)

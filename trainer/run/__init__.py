@@ -1,7 +1,7 @@
-"""Running one run: the RL loop, its step, its files and guards, checkpoints,
-the supervised warm start and held-out evaluation.
+"""Running one run: the RL loop, its step, checkpoints, the supervised warm
+start, held-out evaluation, the device record and the export of a finished
+run's checkpoint.
 
-The run folder's files (``files``), its guards (``guard``) and the warm-start
-progress (``warmstart_progress``) are torch-free: the platform imports them
-(docs/design.md 1.1). Everything else here loads torch.
+The run folder's files, guards and warm-start progress are the contract below
+the loop (``trainer.run_folder``); everything here loads torch.
 """

@@ -30,7 +30,7 @@ import torch
 from trainer.distributed import DistContext
 
 # checkpoint_path lives with the run folder's other names (torch-free, for the platform)
-from trainer.run.files import CHECKPOINT_DIR, CHECKPOINT_NAME, checkpoint_path  # noqa: F401
+from trainer.run_folder.files import CHECKPOINT_DIR, CHECKPOINT_NAME, checkpoint_path  # noqa: F401
 
 
 def rng_state(py_rng: random.Random, generators: dict[str, torch.Generator]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch
 
 from trainer.analysis.collapse import CollapseDetector
 from trainer.config import ExperimentConfig
-from trainer.devices.packing import apply_memory_share
+from trainer.devices.packing import apply_memory_share, indexed_device
 from trainer.devices.precision import cast_parameters
 from trainer.devices.run_mode import phase_clock
 from trainer.distributed import (
@@ -46,16 +46,19 @@ from trainer.run.checkpoint import (
 from trainer.run.evaluation import greedy_accuracy
 from trainer.run.update import PolicyUpdater
 from trainer.run.warmstart import missed_target, train_base_policy
-from trainer.run.warmstart_progress import WarmStartReporter
+from trainer.run_folder.warmstart_progress import WarmStartReporter
 from trainer.tasks import Problem, Task, make_task
 
 
 def resolve_device(name: str) -> torch.device:
+    """``run.device`` as a torch device; CUDA always with its index (``cuda:0`` in a
+    packed slot, which sees one device): torch's per-device calls refuse a bare
+    ``cuda`` (trainer.devices.packing.indexed_device)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("run.device is 'cuda' but no CUDA device is available")
-    return torch.device(name)
+    return indexed_device(name)
 
 
 @dataclass
@@ -65,6 +68,11 @@ class RunState:
     eval_history: list[tuple[int, float]] = field(default_factory=list)
     initial_accuracy: float | None = None
     wall_time_s: float = 0.0
+    # The learning endpoint: held-out accuracy without the engine's gap (``evaluate_clean``).
+    clean_eval_history: list[tuple[int, float]] = field(default_factory=list)
+    initial_accuracy_clean: float | None = None
+    # Routing inconsistency of the first steps: the run's measured dose (summary "dose").
+    gap_history: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +92,10 @@ class RunContext:
     generators: dict[str, torch.Generator]  # "sample": rollouts, "shuffle": minibatches
     state: RunState
     dist: DistContext = SINGLE
+    # An engine without the run's gap (``clean_engine``); None when the rollout engine
+    # has none (no router noise, the trainer's precision): it is clean itself.
+    clean: RolloutEngine | None = None
+    reward_timeouts_logged: int = 0  # reward calls over task.reward_timeout_s, already logged
 
     @property
     def sharded_checkpoint(self) -> bool:
@@ -99,12 +111,7 @@ class RunContext:
         under expert parallelism the engine keeps this rank's experts and exchanges
         rows with the group, as the training layers do (no gather)."""
         t0 = phase_clock(self.device)
-        if self.dist.ep:
-            if self.engine.expert_shard is None:  # the layout is fixed for the run
-                self.engine.expert_shard = next(iter(expert_shards(self.policy).values()))
-            self.engine.load_weights(rank_state_dict(self.policy, self.dist))
-        else:
-            self.engine.load_weights(full_state_dict(self.policy, self.dist))
+        sync_weights(self.engine, self.policy, self.dist)
         return phase_clock(self.device) - t0
 
     def evaluate(self) -> float:
@@ -113,6 +120,19 @@ class RunContext:
         self.sync_engine()
         return greedy_accuracy(
             self.engine, self.task, self.eval_problems, self.cfg.rollout.max_new_tokens, self.device
+        )
+
+    def evaluate_clean(self) -> float:
+        """Held-out greedy accuracy decoded without the engine's gap: the learning
+        endpoint. A run's noisy or low-precision engine decodes the held-out set
+        through its own routing flips, so ``evaluate`` mixes what the policy learned
+        with the dose (at step 0 one base scores 0.293 at sigma 0 and 0.234-0.297 at
+        sigma 0.4, by the projection); this engine routes as the trainer does."""
+        if self.clean is None:
+            return self.evaluate()
+        sync_weights(self.clean, self.policy, self.dist)
+        return greedy_accuracy(
+            self.clean, self.task, self.eval_problems, self.cfg.rollout.max_new_tokens, self.device
         )
 
     def checkpoint_payload(self) -> dict[str, Any]:
@@ -160,6 +180,32 @@ class RunContext:
         self.dist.barrier()
 
 
+def sync_weights(engine: RolloutEngine, policy: TransformerLM, dist: DistContext) -> None:
+    """Load ``policy``'s weights into ``engine`` (all-gathered under FSDP; under expert
+    parallelism the engine keeps this rank's experts)."""
+    if dist.ep:
+        if engine.expert_shard is None:  # the layout is fixed for the run
+            engine.expert_shard = next(iter(expert_shards(policy).values()))
+        engine.load_weights(rank_state_dict(policy, dist))
+    else:
+        engine.load_weights(full_state_dict(policy, dist))
+
+
+# The engine precision that computes as the trainer does, by optim.param_dtype.
+TRAINER_PRECISION = {"fp32": "fp32", "bf16": "bf16"}
+
+
+def clean_engine(cfg: ExperimentConfig, vocab_size: int, device: torch.device):
+    """An engine without the run's training-inference gap: the trainer's precision and
+    no router noise (so it routes as the training forward does), for the learning
+    endpoint; None when the run's own engine is already that."""
+    precision = TRAINER_PRECISION[cfg.optim.param_dtype]
+    noisy = cfg.model.is_moe and cfg.rollout.router_noise > 0
+    if not noisy and cfg.rollout.precision == precision:
+        return None
+    return RolloutEngine(cfg.model, vocab_size, precision=precision, device=device)
+
+
 # Rank r samples from seed + r * SAMPLE_SEED_STRIDE (rank 0: the single-process stream).
 SAMPLE_SEED_STRIDE = 1_000_003
 
@@ -179,6 +225,7 @@ def build_context(
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task = make_task(cfg.task)
+    task.start()  # a custom reward function loads in its own process now, or a field error
     install_checkpoint_tokenizer(task, cfg)  # an imported model speaks its own tokens
     for name, report in task.data_report().items():  # file tasks: skipped rows, by reason
         log(
@@ -186,7 +233,7 @@ def build_context(
             f"{report['bad_rows']} bad rows skipped {report['bad_row_reasons'] or ''}".rstrip()
         )
     vocab_size = cfg.model.vocab_size or task.tokenizer.vocab_size
-    # The warm start reports its own phase (RUN_DIR/progress.json, trainer/run/warmstart_progress.py).
+    # The warm start reports its own phase (RUN_DIR/progress.json, trainer/run_folder/warmstart_progress.py).
     reporter = WarmStartReporter(
         run_dir,
         max_steps=cfg.warm_start.max_steps,
@@ -250,4 +297,5 @@ def build_context(
         generators=generators,
         state=RunState(initial_accuracy=base.accuracy),
         dist=dist,
+        clean=clean_engine(cfg, vocab_size, device),
     )

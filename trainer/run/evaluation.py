@@ -37,5 +37,5 @@ def greedy_accuracy(
             generator=None,
         )
         texts = decode_responses(batch.tokens, batch.response_mask, tok)
-        correct += sum(task.is_correct(p, t) for p, t in zip(chunk, texts, strict=True))
+        correct += sum(right for _, right in task.score(chunk, texts))
     return correct / len(problems)

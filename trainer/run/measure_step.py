@@ -3,7 +3,7 @@
 ``measure_batch`` yields the old log-probs the clipped objective needs, the
 reference and value outputs, and the training-inference mismatch the study is
 about: the rollout engine's log-probs and routing against the training
-engine's (formulas: ``trainer.run.measure``), reduced over every rank.
+engine's (formulas: ``trainer.algorithms.measure``), reduced over every rank.
 """
 
 from __future__ import annotations
@@ -16,13 +16,18 @@ from trainer import metric_keys as K
 from trainer.algorithms.losses import (
     gather_logprobs,
 )
+from trainer.algorithms.measure import (
+    estimator_stats,
+    expert_stats,
+    mismatch_stats,
+    routing_mismatch,
+)
 from trainer.config import ExperimentConfig
 from trainer.distributed import (
     DistContext,
 )
 from trainer.model import TransformerLM
 from trainer.rollout.data import RolloutData
-from trainer.run.measure import estimator_stats, expert_stats, mismatch_stats, routing_mismatch
 
 if TYPE_CHECKING:
     from trainer.run.update import PolicyUpdater

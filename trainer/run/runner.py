@@ -21,7 +21,7 @@ the step's prompts and every statistic is reduced over the ranks; rank 0 alone
 writes the run folder (trainer/distributed.py, docs/distributed.md).
 The trainer holds the run folder's lock for its whole life and, under a
 supervisor, stops without a checkpoint once its lease expires
-(trainer/run/guard.py).
+(trainer/run_folder/guard.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,9 +39,12 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
+from trainer.analysis.survival import GAP_STEPS, mean_gap
 from trainer.config import ExperimentConfig
+from trainer.devices.environment import environment_record
+from trainer.devices.mps import mps_active
 from trainer.devices.packing import memory_share
-from trainer.devices.run_mode import device_record, numerics_mode, phase_clock
+from trainer.devices.run_mode import numerics_mode, phase_clock
 from trainer.distributed import (
     SINGLE,
     DistContext,
@@ -69,36 +71,13 @@ from trainer.run.context import (
     build_context,
     resolve_device,
 )
-from trainer.run.files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
-from trainer.run.guard import Lease, LeaseExpired, RunDirLock
+from trainer.run.device_record import device_record
 from trainer.run.measure_step import measure_batch
 from trainer.run.progress import Progress
 from trainer.run.schedules import entropy_coef_at, lr_at, prompts_at
-
-
-class _StopFlag:
-    """Set by SIGTERM/SIGINT; the loop checks it between steps."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            # signal() raises ValueError outside the main thread (e.g. a test runner thread).
-            with contextlib.suppress(ValueError):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-
-class StopRequested(Exception):
-    """SIGTERM/SIGINT arrived during the warm start (before any RL state exists)."""
+from trainer.run.stop import StopFlag, StopRequested
+from trainer.run_folder.files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
+from trainer.run_folder.guard import Lease, LeaseExpired, RunDirLock
 
 
 @dataclass
@@ -109,17 +88,24 @@ class Invocation:
     run_dir: Path
     resume: bool
     stop_after: int | None  # end this call after that many steps (status "stopped")
-    stop: _StopFlag  # SIGTERM/SIGINT asked to end after the current step
+    stop: StopFlag  # SIGTERM/SIGINT asked to end after the current step
     progress: Progress
     log: Callable[[str], None]
     t_start: float
     lease: Lease  # renewed by the supervisor; never expires without one
     dist: DistContext = SINGLE
+    # time.time() by which this call ends (a study's time budget): it stops at the
+    # last step boundary before it, with a checkpoint (status "stopped")
+    stop_at: float | None = None
+
+    def past_deadline(self, margin_s: float = 0.0) -> bool:
+        return self.stop_at is not None and time.time() + margin_s >= self.stop_at
 
     def interrupt(self) -> None:
-        """Raise when this call must stop now: an expired lease or a stop request."""
+        """Raise when this call must stop now: an expired lease, a stop request or
+        its deadline (``stop_at``)."""
         self.lease.check()
-        if self.stop.requested:
+        if self.stop.requested or self.past_deadline():
             raise StopRequested
 
 
@@ -131,11 +117,14 @@ def train(
     stop_after: int | None = None,
     log=None,
     lease: Lease | None = None,
+    stop_at: float | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``run_dir``; returns the summary (also in summary.json).
 
     ``stop_after`` ends this invocation after that many steps with a checkpoint
-    (status "stopped"), so a later ``resume`` continues the same run. The run
+    (status "stopped"), so a later ``resume`` continues the same run; so does
+    ``stop_at`` (a ``time.time()`` deadline: the call ends at the last step
+    boundary before it, or in the warm start, whose state is kept). The run
     folder is locked for the whole call (``RunDirBusy`` when another trainer
     holds it); ``lease`` raises ``LeaseExpired`` once the supervisor stops
     renewing it, leaving no checkpoint and no summary behind.
@@ -154,9 +143,9 @@ def train(
         quiet = None if dist.is_main else open(os.devnull, "w")  # noqa: SIM115
         progress = Progress(cfg.run.steps, stream=quiet)
         inv = Invocation(
-            cfg, run_dir, resume, stop_after, _StopFlag(), progress,
+            cfg, run_dir, resume, stop_after, StopFlag(), progress,
             (log or progress.message) if dist.is_main else progress.message,
-            time.perf_counter(), lease or Lease(None, 0), dist,
+            time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
         )  # fmt: skip
         inv.stop.install()
         finished = False
@@ -181,11 +170,10 @@ def _train(inv: Invocation) -> dict[str, Any]:
         (inv.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     try:
         ctx = build_context(cfg, inv.log, inv.run_dir if main else None, inv.interrupt, inv.dist)
-    except StopRequested:  # cancelled during the warm start: nothing to checkpoint yet
+    except StopRequested:  # stopped during the warm start: nothing to checkpoint yet
         collapse = CollapseDetector(cfg.run.collapse)
-        summary = _summary(
-            cfg, RunState(), collapse, "cancelled", time.perf_counter() - inv.t_start
-        )
+        status = "stopped" if inv.past_deadline() and not inv.stop.requested else "cancelled"
+        summary = _summary(cfg, RunState(), collapse, status, time.perf_counter() - inv.t_start)
         if main:
             write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
         return summary
@@ -209,8 +197,11 @@ def _train(inv: Invocation) -> dict[str, Any]:
     finally:
         if metrics_out is not None:
             metrics_out.close()
+        ctx.task.close()  # a custom reward function's process
     summary = _summary(cfg, ctx.state, ctx.collapse, status, ctx.state.wall_time_s)
     summary.update({"task_data": ctx.task.data_report()} if ctx.task.data_report() else {})
+    if ctx.task.reward_timeouts():
+        summary["reward_timeouts"] = ctx.task.reward_timeouts()
     if main:
         write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
     return summary
@@ -223,6 +214,9 @@ def _restore_or_measure_start(ctx: RunContext, inv: Invocation) -> int | None:
     if ckpt is None:
         # Measured the way every later evaluation is, so final - initial is fair.
         ctx.state.initial_accuracy = ctx.evaluate()
+        ctx.state.initial_accuracy_clean = (
+            ctx.evaluate_clean() if ctx.clean is not None else ctx.state.initial_accuracy
+        )
         return None  # also a resume without a checkpoint: start over
     check_world_size(ckpt, ctx.dist)
     if ckpt.get("sharded"):
@@ -254,6 +248,7 @@ def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -
     while state.step < cfg.run.steps:
         step = state.step
         inv.lease.check()
+        t_step = time.perf_counter()
         metrics = _rl_step(ctx, step)
         _record(ctx, inv, step, metrics)
         inv.lease.check()  # a step can outlast the lease: never write a lost attempt's step
@@ -273,6 +268,10 @@ def _loop(ctx: RunContext, inv: Invocation, metrics_out: MetricsWriter | None) -
             return "cancelled"
         if inv.stop_after is not None and steps_this_call >= inv.stop_after:
             return "stopped"
+        # The next step would end past the deadline (it takes about as long as this
+        # one, evaluation included): stop here, with a checkpoint.
+        if state.step < cfg.run.steps and inv.past_deadline(time.perf_counter() - t_step):
+            return "stopped"
         if state.step % cfg.run.checkpoint_every == 0:
             inv.lease.check()
             ctx.save(inv.run_dir)
@@ -285,15 +284,30 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
     finite = bool(metrics.pop("_finite"))
     acc = metrics[K.REWARD_ACCURACY]
     ctx.state.accuracy_history.append(acc)
+    gap = metrics.get(K.MISMATCH_ROUTING_INCONSISTENCY)
+    if gap is not None and len(ctx.state.gap_history) < GAP_STEPS:
+        ctx.state.gap_history.append(float(gap))
     if step % cfg.run.eval_every == 0 or step == cfg.run.steps - 1:
         eval_acc = ctx.evaluate()
         metrics[K.EVAL_ACCURACY] = eval_acc
         ctx.state.eval_history.append((step, eval_acc))
+        # The learning endpoint (no engine gap); the same number when the engine has none.
+        clean_acc = ctx.evaluate_clean() if ctx.clean is not None else eval_acc
+        metrics[K.EVAL_ACCURACY_CLEAN] = clean_acc
+        ctx.state.clean_eval_history.append((step, clean_acc))
     samples = int(metrics.get(K.OPTIM_BATCH_SIZE, 0)) or None  # answers this step
     if K.EVAL_ACCURACY in metrics:
         ctx.collapse.update_eval(step, metrics[K.EVAL_ACCURACY])
     if ctx.collapse.update(step, acc, finite=finite, samples=samples):
         inv.log(f"collapse at step {ctx.collapse.collapse_step}: {ctx.collapse.collapse_reason}")
+    timeouts = ctx.task.reward_timeouts()
+    if timeouts > ctx.reward_timeouts_logged:
+        inv.log(
+            f"step {step}: {timeouts - ctx.reward_timeouts_logged} reward call(s) ran over "
+            f"task.reward_timeout_s={getattr(cfg.task, 'reward_timeout_s', 0):g} s and scored 0 "
+            f"({timeouts} in this attempt)"
+        )
+        ctx.reward_timeouts_logged = timeouts
 
 
 def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
@@ -327,10 +341,9 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
 
     # 2. score: verifiable rewards.
     texts = decode_responses(rollout.tokens, rollout.response_mask, tok)
-    rewards = torch.tensor([task.reward(p, t) for p, t in zip(problems, texts, strict=True)])
-    correct = torch.tensor(
-        [float(task.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)]
-    )
+    scored = task.score(problems, texts)  # one batch: a custom reward runs in its own process
+    rewards = torch.tensor([reward for reward, _ in scored])
+    correct = torch.tensor([float(right) for _, right in scored])
     # The engine's routing travels bit-packed (stabilizers.replay.compression).
     data = RolloutData.from_rollout(rollout, rewards.to(device), cfg.stabilizers.replay.compression)
     data.global_offset, data.global_size = shard.start * group, n_prompts * group
@@ -402,6 +415,7 @@ def _error_text(exc: Exception, dist: DistContext) -> str:
 
 def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall: float):
     evals = [acc for _, acc in state.eval_history]
+    clean = [acc for _, acc in state.clean_eval_history]
     device = resolve_device(cfg.run.device)
     return {
         "status": status,
@@ -412,16 +426,47 @@ def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall
         "initial_accuracy": state.initial_accuracy,
         "final_accuracy": evals[-1] if evals else None,
         "best_accuracy": max(evals) if evals else None,
+        # The learning endpoint: held-out accuracy decoded without the engine's gap
+        # (the fields above: through the rollout engine, its gap included).
+        "initial_accuracy_clean": state.initial_accuracy_clean,
+        "final_accuracy_clean": clean[-1] if clean else None,
+        "best_accuracy_clean": max(clean) if clean else None,
         "final_batch_accuracy": state.accuracy_history[-1] if state.accuracy_history else None,
         "steps": state.step,
         "total_steps": cfg.run.steps,
         "wall_time_s": round(wall, 3),
+        "dose": _dose(cfg, state),
         # Device, capability, numerics mode and MoE backends the run used (docs/gpu.md).
         "device": {
             **device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
             # a packed slot's share of its GPU's memory (None: the whole device)
             "memory_share": memory_share() if device.type == "cuda" else None,
+            # a client of the study's MPS daemon (trainer.devices.mps), None off CUDA
+            "mps": mps_active() if device.type == "cuda" else None,
         },
+        # The machine: CPU model and capability, torch and BLAS build, GPUs (a CPU
+        # run's bits depend on them; trainer/devices/environment.py).
+        "environment": environment_record(),
+    }
+
+
+def _dose(cfg: ExperimentConfig, state: RunState) -> dict[str, Any]:
+    """The run's training-inference gap: what it was set to (router noise sigma, kind,
+    whose seed drew the projections, the rollout precision) and what it measured,
+    the routing gap over its first steps (the covariate of the causal analysis,
+    trainer.analysis.survival.run_gap; None for a dense model)."""
+    from trainer.rollout.router_noise import noise_seed
+
+    ro = cfg.rollout
+    noisy = cfg.model.is_moe and ro.router_noise > 0
+    return {
+        "rollout_precision": ro.precision,
+        "router_noise": ro.router_noise if cfg.model.is_moe else 0.0,
+        "router_noise_kind": ro.router_noise_kind if noisy else None,
+        "router_noise_draw": ro.router_noise_draw if noisy else None,
+        "projection_seed": noise_seed(cfg) if noisy and ro.router_noise_kind == "fixed" else None,
+        "routing_gap": mean_gap(state.gap_history) if cfg.model.is_moe else None,
+        "routing_gap_steps": len(state.gap_history),
     }
 
 

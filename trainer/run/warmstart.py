@@ -5,7 +5,7 @@ responses until its greedy held-out accuracy lands in
 [warm_start.target_accuracy_low, target_accuracy_high]. The result is cached
 by a hash of everything that determines it (model, task, warm_start sections,
 what the checkpoint and data files hold, not only their paths, the
-vocabulary, and on the CPU the thread count; ``warm_start.seed``, not
+vocabulary, and on the CPU the thread count and the CPU itself; ``warm_start.seed``, not
 ``run.seed``), so every run with the same base, every seed of a study
 included, reuses it.
 
@@ -37,12 +37,13 @@ import torch
 from trainer.algorithms.balance import switch_aux_loss
 from trainer.algorithms.losses import gather_logprobs
 from trainer.config import ExperimentConfig
+from trainer.devices.environment import cpu_key
 from trainer.hf.loader import build_model
 from trainer.model import TransformerLM
 from trainer.rollout import RolloutEngine
 from trainer.run.batches import collate_sft
 from trainer.run.evaluation import greedy_accuracy
-from trainer.run.warmstart_progress import WarmStartReporter
+from trainer.run_folder.warmstart_progress import WarmStartReporter
 from trainer.tasks import Task
 
 CACHE_ENV = "MOE_LAB_CACHE"
@@ -70,12 +71,17 @@ def warm_start_key(cfg: ExperimentConfig, vocab_size: int, device: torch.device)
     """The cache entry of a base: what determines its bits. On the CPU that
     includes the thread count: BLAS splits sums across threads, so the same
     config and seed on 1 and 2 threads train different bases (measured: held-out
-    accuracy 0.27 vs 0.23 for the tiny MoE preset, parameters apart by up to 0.6)."""
+    accuracy 0.27 vs 0.23 for the tiny MoE preset, parameters apart by up to 0.6);
+    and the CPU (``trainer.devices.environment.cpu_key``: torch's capability and
+    the processor's identity), whose kernels train another base from the same
+    config, so a cache shared between machines never gives one CPU's base to another."""
     files = input_files_key(cfg)
     # A base that reads no file keeps the key it always had (bases cached before
     # file fingerprints existed stay valid).
     key = f"{cfg.hash('model', 'task', 'warm_start')}{'-' + files if files else ''}-v{vocab_size}"
-    return f"{key}-cpu{torch.get_num_threads()}" if device.type == "cpu" else key
+    if device.type != "cpu":
+        return key
+    return f"{key}-cpu{torch.get_num_threads()}-{cpu_key()}"
 
 
 def input_files_key(cfg: ExperimentConfig) -> str:

@@ -37,10 +37,10 @@ from torch import Tensor
 
 from trainer import metric_keys as K
 from trainer.algorithms.balance import aux_free_bias_update, router_z_loss, switch_aux_loss
+from trainer.algorithms.measure import expert_load
 from trainer.config import ExperimentConfig
 from trainer.distributed import SINGLE, DistContext
 from trainer.model import LayerRouting, TransformerLM
-from trainer.run.measure import expert_load
 from trainer.stabilizers.expert_clip import clip_expert_params_
 from trainer.stabilizers.replay import (
     RouterAnchor,

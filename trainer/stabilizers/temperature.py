@@ -18,8 +18,8 @@ from typing import Any
 
 from torch import Tensor
 
+from trainer.algorithms.measure import utilization
 from trainer.config import RouterTemperatureConfig
-from trainer.run.measure import utilization
 
 
 class RouterTemperatureController:

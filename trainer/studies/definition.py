@@ -32,8 +32,8 @@ from typing import Any
 
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.config.presets import preset_dict
-from trainer.config.validation import validate_config
 from trainer.errors import FieldError
+from trainer.validation import validate_config
 
 # Every definition shipped in trainer/studies/ is a built-in study, by its file name.
 BUILTIN_STUDIES = tuple(
@@ -70,7 +70,8 @@ class StudyDefinition:
     # With ``bases`` = N the seed fields get seed % N: seeds k, k + N, ... share base k,
     # so a cell's runs spread over N independently warm-started bases.
     bases: int | None = None
-    # "causal": also write the pre-registered analysis (trainer.analysis.causal_report).
+    # "causal" / "edge": also write the pre-registered analysis (trainer.analysis.causal_report,
+    # with the causal study's tests H1-H3 or the near-edge study's, trainer.analysis.edge_tests).
     analysis: str | None = None
 
     @classmethod
@@ -134,7 +135,7 @@ class StudyDefinition:
             ) from None
 
 
-ANALYSES = ("causal",)
+ANALYSES = ("causal", "edge")  # edge: the near-edge study's registration (edge_tests)
 
 
 def _analysis(value: Any) -> str | None:
@@ -161,10 +162,15 @@ def _seed_fields(value: Any) -> list[str]:
     return list(value)
 
 
+def builtin_dict(name: str) -> dict[str, Any]:
+    """A built-in study's definition (``BUILTIN_STUDIES``) as the JSON object it is stored as."""
+    return json.loads(resources.files("trainer.studies").joinpath(f"{name}.json").read_text())
+
+
 def load_definition(ref: str) -> StudyDefinition:
     """A path to STUDY.json, or a built-in name (``BUILTIN_STUDIES``)."""
     if ref in BUILTIN_STUDIES:
-        text = resources.files("trainer.studies").joinpath(f"{ref}.json").read_text()
+        return StudyDefinition.from_dict(builtin_dict(ref))
     else:
         path = Path(ref)
         if not path.exists():

@@ -16,7 +16,8 @@ from typing import Any
 
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseSummary, rejudge_collapse, summarize_collapses
-from trainer.run.files import SUMMARY_FILE, read_metrics, run_succeeded
+from trainer.devices.environment import environments_line, group_environments
+from trainer.run_folder.files import SUMMARY_FILE, read_metrics, run_succeeded
 from trainer.studies.definition import StudyDefinition
 
 # A k3 spike: a step whose k3 is this many times the run's own median k3 (an
@@ -31,6 +32,7 @@ def _mean(values: list[float]) -> float | None:
 
 def collect_results(study: StudyDefinition, out: Path) -> dict[str, Any]:
     variants = {}
+    machines: list[tuple[str, dict | None]] = []
     for variant in study.variants:
         seeds = []
         for seed in study.seeds:
@@ -38,6 +40,7 @@ def collect_results(study: StudyDefinition, out: Path) -> dict[str, Any]:
             if not run_succeeded(run_dir):  # a run stopped part-way is not a seed (it resumes)
                 continue
             summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+            machines.append((f"{variant.name}/seed{seed}", summary.get("environment")))
             rows = read_metrics(run_dir)
             summary = rejudge_collapse(study.config_for(variant, seed), summary, rows)
             seeds.append(
@@ -68,6 +71,8 @@ def collect_results(study: StudyDefinition, out: Path) -> dict[str, Any]:
             )
         variants[variant.name] = {"seeds": seeds, "row": table_row(seeds)}
     results = {"study": study.name, "seeds": study.seeds, "variants": variants}
+    # The machines the runs ran on (a CPU base's bits depend on the CPU).
+    results["environments"] = group_environments(machines)
     results["statistics"] = study_statistics(study, results, out)
     return results
 
@@ -302,7 +307,7 @@ def lead_lag_markdown(results: dict[str, Any]) -> str:
 
 def write_report(study: StudyDefinition, results: dict[str, Any], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown_table(results)
+    table = markdown_table(results) + "\n\n" + environments_line(results.get("environments", []))
     if results.get("statistics"):
         table += "\n\n" + statistics_table(results) + "\n\n" + kl_table(results)
         table += "\n\n" + lead_lag_markdown(results)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -178,6 +178,26 @@ class Task(ABC):
         return tuple(self.build(s) for s in chosen.values())
 
     # ----------------------------------------------------------- rewards
+    def start(self) -> None:
+        """Ready the task's scoring before a run trains (a custom reward function's
+        process); FieldError when it cannot score. Nothing to do for built-in tasks."""
+        return None
+
+    def close(self) -> None:
+        """End what ``start`` started (idempotent)."""
+        return None
+
+    def reward_timeouts(self) -> int:
+        """Reward calls that ran over their time bound so far (each scored 0)."""
+        return 0
+
+    def score(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[tuple[float, bool]]:
+        """(reward, correct) of each response ``texts[i]`` to ``problems[i]``, as one
+        batch (a custom reward function scores it in one round trip)."""
+        return [
+            (self.reward(p, t), self.is_correct(p, t)) for p, t in zip(problems, texts, strict=True)
+        ]
+
     def is_correct(self, problem: Problem, text: str) -> bool:
         """True iff the parsed final answer of the response ``text`` equals the answer."""
         return self.parse_answer(text) == problem.answer

@@ -23,7 +23,7 @@ run and written to summary.json).
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -32,8 +32,9 @@ from trainer.errors import FieldError
 from trainer.tasks.base import Problem, Task, prompt_ids
 from trainer.tasks.byte_tokenizer import ByteTokenizer
 from trainer.tasks.holdout import HeldOutSplit
+from trainer.tasks.reward_process import RewardFunctionError
 from trainer.tasks.text_data import ProblemTable, build_problems, read_table, resolve_data_file
-from trainer.tasks.verifiers import make_verifier
+from trainer.tasks.verifiers import PythonVerifier, make_verifier
 
 
 class TextTask(Task):
@@ -43,7 +44,11 @@ class TextTask(Task):
         super().__init__(cfg, tokenizer or ByteTokenizer())
         try:
             self.verifier = make_verifier(
-                cfg.verifier, cfg.tolerance, cfg.choice_labels, cfg.reward_function
+                cfg.verifier,
+                cfg.tolerance,
+                cfg.choice_labels,
+                cfg.reward_function,
+                cfg.reward_timeout_s,
             )
         except ValueError as exc:
             raise FieldError([("task.reward_function", str(exc))]) from None
@@ -162,11 +167,35 @@ class TextTask(Task):
         return tuple(problems[: self.cfg.eval_size])
 
     # ----------------------------------------------------------- rewards
+    def start(self) -> None:
+        """A custom reward function's process, started (and the function loaded) now:
+        a name this machine does not offer or cannot import is a field error before
+        the run trains, not at its first step."""
+        if isinstance(self.verifier, PythonVerifier):
+            try:
+                self.verifier.start()
+            except ValueError as exc:
+                raise FieldError([("task.reward_function", str(exc))]) from None
+
+    def close(self) -> None:
+        if isinstance(self.verifier, PythonVerifier):
+            self.verifier.close()
+
+    def reward_timeouts(self) -> int:
+        return self.verifier.timeouts if isinstance(self.verifier, PythonVerifier) else 0
+
     def is_correct(self, problem: Problem, text: str) -> bool:
         return self.verifier.is_correct(text, problem.answer)
 
     def reward(self, problem: Problem, text: str) -> float:
         return self.verifier.reward(text, problem.answer, self.cfg.format_reward)
+
+    def score(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[tuple[float, bool]]:
+        golds = [p.answer for p in problems]
+        try:
+            return self.verifier.score(texts, golds, self.cfg.format_reward)
+        except RewardFunctionError as exc:
+            raise FieldError([("task.reward_function", str(exc))]) from None
 
     # ----------------------------------------------------------- lengths
     def _measure(self) -> tuple[int, int]:

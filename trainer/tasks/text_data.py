@@ -23,11 +23,14 @@ from typing import Any
 from trainer.config import TextTaskConfig
 from trainer.errors import FieldError
 from trainer.tasks.base import Problem
-from trainer.tasks.verifiers import GSM8K_MARKER, BadRow, NumericVerifier, Verifier
+from trainer.tasks.verifiers import BadRow, Verifier
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "task_data"
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 MAX_LINES_PER_REASON = 5  # line numbers kept per skip reason (the count is exact)
+# A JSON line longer than this is skipped unread (never held whole in memory): four
+# times the longest prompt task.max_prompt_chars allows, in UTF-8, with room for its answer.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 def resolve_data_file(value: str, path: str) -> Path:
@@ -107,7 +110,15 @@ def _read_jsonl(file: Path, path: str) -> RowsRead:
     except OSError as exc:
         raise FieldError([(path, f"{file} cannot be read: {exc.strerror or exc}")]) from None
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        number = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                # Never held whole: the rest of the line is read past in chunks.
+                while not raw.endswith(b"\n") and (raw := handle.readline(1 << 20)):
+                    pass
+                out.skipped.append((number, f"line longer than {MAX_LINE_BYTES >> 20} MiB"))
+                continue
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -119,6 +130,9 @@ def _read_jsonl(file: Path, path: str) -> RowsRead:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
                 out.skipped.append((number, f"not valid JSON ({exc.msg})"))
+                continue
+            except RecursionError:
+                out.skipped.append((number, "not valid JSON (nested too deeply)"))
                 continue
             if not isinstance(row, dict):
                 out.skipped.append((number, "not a JSON object"))
@@ -212,15 +226,6 @@ def conversation(row: dict[str, Any], field_name: str) -> tuple[tuple[str, str],
     return tuple(out)
 
 
-def target_text(raw: Any, gold: str, verifier: Verifier) -> str:
-    """The supervised warm-start response: the answer field when the verifier reads
-    it back to the gold answer, else the gold answer in GSM8K form (numeric)."""
-    text = raw if isinstance(raw, str) else str(raw)
-    if verifier.is_correct(text, gold):
-        return text
-    return f"{GSM8K_MARKER} {gold}" if isinstance(verifier, NumericVerifier) else gold
-
-
 def build_problems(
     rows: list[dict[str, Any]] | RowsRead,
     cfg: TextTaskConfig,
@@ -240,7 +245,7 @@ def build_problems(
             messages = conversation(row, cfg.messages_field) if cfg.messages_field else ()
             prompt = messages[-1][1] if messages else prompt_text(row, cfg)
             chars = sum(len(text) for _, text in messages) if messages else len(prompt)
-            if cfg.max_prompt_chars is not None and chars > cfg.max_prompt_chars:
+            if chars > cfg.max_prompt_chars:
                 raise BadRow(f"prompt longer than max_prompt_chars={cfg.max_prompt_chars}")
             raw = row.get(cfg.answer_field)
             if raw is None:
@@ -252,7 +257,7 @@ def build_problems(
         problem = Problem(
             prompt=prompt,
             answer=gold,
-            target=target_text(raw, gold, verifier),
+            target=verifier.target(raw, gold),
             messages=messages,
         )
         limit = cfg.max_prompt_tokens

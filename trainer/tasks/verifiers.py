@@ -25,15 +25,20 @@ Kinds (``task.verifier``):
   index into the labels.
 * ``python`` - ``module.path:function(response, answer) -> float`` named by
   import path; its value (clamped to [0, 1]) is the reward and 1 is correct.
+  It runs in its own process with a time bound per call
+  (``trainer.tasks.reward_process``); which functions a lab's runs may name
+  is ``trainer.reward_functions``' rule.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Sequence
 from fractions import Fraction
+
+from trainer.reward_functions import parse_reward_path
+from trainer.tasks.reward_process import RewardProcess
 
 GSM8K_MARKER = "####"
 _BOXED = "\\boxed{"
@@ -130,6 +135,21 @@ class Verifier:
             return 0.0
         return 1.0 if self.matches(extracted, gold) else float(format_reward)
 
+    def score(
+        self, responses: Sequence[str], golds: Sequence[str], format_reward: float
+    ) -> list[tuple[float, bool]]:
+        """(reward, correct) of each response against its gold answer: one batch."""
+        return [
+            (self.reward(r, g, format_reward), self.is_correct(r, g))
+            for r, g in zip(responses, golds, strict=True)
+        ]
+
+    def target(self, raw: object, gold: str) -> str:
+        """The warm start's supervised response: the answer field when this verifier
+        reads it back to the gold answer, else the gold answer in the form it reads."""
+        text = raw if isinstance(raw, str) else str(raw)
+        return text if self.is_correct(text, gold) else gold
+
 
 class NumericVerifier(Verifier):
     def __init__(self, tolerance: float) -> None:
@@ -145,6 +165,10 @@ class NumericVerifier(Verifier):
         if answer is None or parse_number(answer) is None:
             raise BadRow("answer is not a number")
         return answer
+
+    def target(self, raw: object, gold: str) -> str:
+        text = raw if isinstance(raw, str) else str(raw)
+        return text if self.is_correct(text, gold) else f"{GSM8K_MARKER} {gold}"
 
     def matches(self, extracted: str, gold: str) -> bool:
         pred, want = parse_number(extracted), parse_number(gold)
@@ -184,44 +208,69 @@ class ChoiceVerifier(Verifier):
 
 
 class PythonVerifier(Verifier):
-    """A custom reward ``fn(response, answer) -> float`` (1 = correct)."""
+    """A custom reward ``fn(response, answer) -> float`` (1 = correct), named by
+    import path and run only in its own process (``trainer.tasks.reward_process``),
+    started on first use: building a task (config validation, the web server)
+    never imports or calls it."""
 
-    def __init__(self, fn: Callable[[str, str], float]) -> None:
-        self.fn = fn
+    def __init__(self, function: str, timeout_s: float = 10.0) -> None:
+        parse_reward_path(function)  # syntax now; whether it may run and loads: start()
+        self.function = function
+        self.timeout_s = timeout_s
+        self._process: RewardProcess | None = None
+
+    def start(self) -> None:
+        """Start the function's process (ValueError: not offered, cannot load)."""
+        if self._process is None:
+            self._process = RewardProcess(self.function, self.timeout_s)
+        self._process.start()
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
+
+    @property
+    def timeouts(self) -> int:
+        """Calls that ran over ``timeout_s`` (each scored 0)."""
+        return self._process.timeouts if self._process is not None else 0
 
     def gold(self, raw: object) -> str:
         return _as_text(raw)
 
+    def target(self, raw: object, gold: str) -> str:
+        return gold  # the answer field as is; reading it back would call the function
+
+    def score(
+        self, responses: Sequence[str], golds: Sequence[str], format_reward: float
+    ) -> list[tuple[float, bool]]:
+        self.start()
+        assert self._process is not None
+        values = self._process.score(list(zip(responses, golds, strict=True)))
+        out = []
+        for value in values:  # None: over the time bound, scored 0
+            reward = (
+                min(1.0, max(0.0, value)) if value is not None and math.isfinite(value) else 0.0
+            )
+            out.append((reward, reward >= 1.0))
+        return out
+
     def reward(self, response: str, gold: str, format_reward: float) -> float:
-        value = float(self.fn(response, gold))
-        return min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
+        return self.score([response], [gold], format_reward)[0][0]
 
     def is_correct(self, response: str, gold: str) -> bool:
-        return self.reward(response, gold, 0.0) >= 1.0
-
-
-def load_callable(path: str) -> Callable[[str, str], float]:
-    """The function an import path names: ``"package.module:function"`` (or
-    ``"package.module.function"``). Raises ValueError saying what is wrong."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"{path!r} is not an import path like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r}: {exc}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{module_name!r} has no function {attr!r}")
-    return fn
+        return self.score([response], [gold], 0.0)[0][1]
 
 
 def make_verifier(
-    kind: str, tolerance: float = 1e-6, labels: str = "ABCD", function: str | None = None
+    kind: str,
+    tolerance: float = 1e-6,
+    labels: str = "ABCD",
+    function: str | None = None,
+    timeout_s: float = 10.0,
 ) -> Verifier:
-    """The verifier of ``task.verifier`` (see the module docstring)."""
+    """The verifier of ``task.verifier`` (see the module docstring). Nothing user
+    supplied is imported here: the python verifier loads its function when it
+    first scores (or on ``start()``), in its own process."""
     if kind == "numeric":
         return NumericVerifier(tolerance)
     if kind == "exact":
@@ -231,7 +280,7 @@ def make_verifier(
     if kind == "python":
         if not function:
             raise ValueError("the python verifier needs a reward function import path")
-        return PythonVerifier(load_callable(function))
+        return PythonVerifier(function, timeout_s)
     raise ValueError(f"unknown verifier {kind!r}")
 
 

@@ -107,6 +107,7 @@ class SweepCreateSerializer(StrictSerializer):
     grid = serializers.DictField(child=serializers.ListField(allow_empty=False))
     seeds = serializers.ListField(child=serializers.IntegerField(min_value=0), allow_empty=False)
     queue = serializers.CharField(required=False, max_length=64)
+    priority = serializers.IntegerField(required=False, min_value=0, max_value=9)
     preview = serializers.BooleanField(required=False, default=False)
 
 

@@ -1,6 +1,6 @@
 """REST API (docs/design.md, section 3.7). Views parse and authorise; services write.
 
-Query parameters are parsed by the one query parser (``lab.api.query``): one
+Query parameters are parsed by the one query parser (``lab.inputs.query``): one
 model per endpoint's query below.
 """
 
@@ -24,17 +24,17 @@ from rest_framework.views import APIView
 from lab.api import serializers as s
 from lab.api.assets import with_assets
 from lab.api.pagination import BoundedLimitOffsetPagination
-from lab.api.query import CommaSeparated, Query, ascii_id, parse_query
 from lab.configs import resolve_config
 from lab.experiments.models import Experiment
 from lab.experiments.services import create_experiment, set_shared_with
+from lab.inputs.query import CommaSeparated, Query, ascii_id, parse_query
 from lab.jobs.health import health
 from lab.jobs.models import Worker
 from lab.jobs.queries import queue_positions
 from lab.runs import comments, exports, lifecycle, sweeps
 from lab.runs.dispatch import PublishFailed
 from lab.runs.metrics import read as metric_reads
-from lab.runs.metrics.downsample import MIN_POINTS
+from lab.runs.metrics.read import MIN_POINTS
 from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
@@ -351,6 +351,7 @@ class SweepCreate(APIView):
             seeds=data["seeds"],
             queue=data.get("queue"),
             name=data.get("name", ""),
+            priority=data.get("priority"),
         )
         return Response(s.SweepSerializer(sweep).data, status=status.HTTP_201_CREATED)
 

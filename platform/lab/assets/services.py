@@ -133,7 +133,9 @@ def _file_size(path: str) -> int:
 def _publish_check(dataset_id: int) -> None:
     """Send the check to the control queue; a broker that refuses fails the dataset
     with the reason (registering it again retries)."""
-    from lab.site.celery import app
+    from celery import (
+        current_app as app,
+    )  # lab.site.celery's app (design.md 1.2)
 
     try:
         app.send_task(CHECK_DATASET_TASK, args=[dataset_id], queue=CHECK_QUEUE, retry=False)

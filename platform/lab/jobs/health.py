@@ -28,7 +28,9 @@ def check_db() -> dict[str, Any]:
 
 
 def check_broker() -> dict[str, Any]:
-    from lab.site.celery import app
+    from celery import (
+        current_app as app,
+    )  # lab.site.celery's app (design.md 1.2)
 
     transport = app.conf.broker_url.split("://", 1)[0]
     try:

@@ -32,8 +32,8 @@ from lab.jobs.watch import Supervision, ids
 from lab.jobs.worker_state import SHUTDOWN
 from lab.runs.models import Run, RunStatus
 from trainer.errors import BAD_INPUT_EXIT_CODE
-from trainer.run.files import CONFIG_FILE, EXIT_CODE_FILE, SUMMARY_FILE
-from trainer.run.guard import LEASE_EXPIRED_EXIT_CODE, RUN_DIR_BUSY_EXIT_CODE
+from trainer.run_folder.files import CONFIG_FILE, EXIT_CODE_FILE, SUMMARY_FILE
+from trainer.run_folder.guard import LEASE_EXPIRED_EXIT_CODE, RUN_DIR_BUSY_EXIT_CODE
 
 log = logging.getLogger("jobs")
 

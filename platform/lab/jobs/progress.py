@@ -14,8 +14,8 @@ from typing import Any
 
 from lab.runs.models import Run, RunStatus
 from trainer import metric_keys as mk
-from trainer.run.files import PROGRESS_FILE
-from trainer.run.warmstart_progress import read_progress
+from trainer.run_folder.files import PROGRESS_FILE
+from trainer.run_folder.warmstart_progress import read_progress
 
 KNOWN_PHASES = (mk.PHASE_WARMSTART, mk.PHASE_TRAINING)
 

@@ -30,7 +30,7 @@ from lab.runs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunOrigin, RunStatus
-from trainer.run.files import METRICS_FILE, parse_metric_lines
+from trainer.run_folder.files import METRICS_FILE, parse_metric_lines
 
 log = logging.getLogger("jobs")
 

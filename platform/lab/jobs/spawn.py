@@ -10,7 +10,7 @@ worker is killed, the trainer dies with it. A worker that is frozen rather
 than killed (SIGSTOP, a stuck host) stops renewing the child's lease file, and
 the child stops within ``LAB_LEASE_S``, before the reconciler hands the run to
 another attempt (``LAB_STALE_AFTER_S``). The child holds the run folder's OS
-lock, so a second trainer can never write the same folder (trainer/run/guard.py).
+lock, so a second trainer can never write the same folder (trainer/run_folder/guard.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ from lab.jobs.childproc import tied_to_this_process
 from lab.jobs.watch import Supervision, ids
 from lab.runs.models import Run
 from trainer.launch import Rendezvous, launch_command
-from trainer.run.files import CONFIG_FILE, EXIT_CODE_FILE, LOG_FILE, SUMMARY_FILE, checkpoint_path
-from trainer.run.guard import renew_lease, run_dir_is_locked
+from trainer.reward_functions import ENV_VAR as REWARD_ENV_VAR
+from trainer.run_folder.files import (
+    CONFIG_FILE,
+    EXIT_CODE_FILE,
+    LOG_FILE,
+    SUMMARY_FILE,
+    checkpoint_path,
+)
+from trainer.run_folder.guard import renew_lease, run_dir_is_locked
 
 log = logging.getLogger("jobs")
 
@@ -119,10 +126,14 @@ def start(cmd: list[str], log_path: Path, sup: Supervision, ranks: int) -> subpr
 def trainer_env(ranks: int) -> dict[str, str]:
     """The trainer's environment: a GPU worker that owns more devices than the
     run needs shows it only the first ``ranks`` of them; a slot of a shared GPU
-    caps it at the slot's share of the memory."""
+    caps it at the slot's share of the memory; the reward functions it may run are
+    the lab's list (``LAB_REWARD_MODULES``)."""
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
+        # The trainer runs only the reward functions this lab offers, whatever the
+        # stored config names (a run queued before the list changed included).
+        REWARD_ENV_VAR: ",".join(settings.LAB_REWARD_MODULES),
         **capacity.this_worker().trainer_environment(ranks),
     }
 

@@ -12,7 +12,7 @@ The parts, one job each:
   interrupted and given back unspent (a worker's shutdown is never a cancel);
 * ``lab/jobs/services.py``: the writes, each fenced by the attempt.
 
-Every metric write is fenced by this attempt's number (trainer/run/guard.py,
+Every metric write is fenced by this attempt's number (trainer/run_folder/guard.py,
 runs/metrics/ingest.py).
 """
 
@@ -35,7 +35,7 @@ from lab.jobs.worker_state import CURRENT_RUN
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after
 from lab.runs.models import Run, RunStatus
 from trainer.errors import FieldError
-from trainer.run.files import METRICS_FILE
+from trainer.run_folder.files import METRICS_FILE
 
 log = logging.getLogger("jobs")
 

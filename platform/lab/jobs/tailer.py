@@ -1,6 +1,6 @@
 """Tail RUN_DIR/metrics.jsonl: return the complete lines written since the last read.
 
-The line format and its parsing are the trainer's (trainer/run/files.py
+The line format and its parsing are the trainer's (trainer/run_folder/files.py
 ``parse_metric_lines``); this module only tracks how far the file was read.
 """
 
@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.run.files import parse_metric_lines
+from trainer.run_folder.files import parse_metric_lines
 
 
 class MetricsTail:

@@ -29,7 +29,7 @@ from lab.jobs.worker_state import SHUTDOWN
 from lab.runs.metrics.columns import chunk_of
 from lab.runs.metrics.ingest import StaleAttempt, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
-from trainer.run.guard import renew_lease
+from trainer.run_folder.guard import renew_lease
 
 log = logging.getLogger("jobs")
 # The connection-level errors: the database is away or ended this session. Other

@@ -1,5 +1,5 @@
 """Comments on runs and experiments, and the one rule every comment's body
-follows (saved comparisons' comments too, dashboard/services.py)."""
+follows (saved comparisons' comments too, dashboard/review/services.py)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,9 @@ def new_task_id() -> str:
 
 def send_run(run_id: int, queue: str, priority: int, task_id: str) -> None:
     """Publish now; ``PublishFailed`` when the broker refuses or cannot be reached."""
-    from lab.site.celery import app
+    from celery import (
+        current_app as app,
+    )  # lab.site.celery's app (design.md 1.2)
 
     try:
         with app.connection_for_write() as conn:
@@ -82,7 +84,9 @@ def send_run_on_commit(
 def waiting_messages(queue: str) -> int | None:
     """Messages waiting in ``queue`` (not yet delivered), or None when the broker
     cannot say: the reconciler then re-publishes rather than risk a stuck run."""
-    from lab.site.celery import app
+    from celery import (
+        current_app as app,
+    )  # lab.site.celery's app (design.md 1.2)
 
     try:
         with app.connection_for_write() as conn:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from lab.experiments import rights
 from lab.runs.models import CheckpointExport, ExportStatus, Run
 from trainer.errors import FieldError
-from trainer.run.files import checkpoint_path
+from trainer.run_folder.files import checkpoint_path
 
 EXPORT_QUEUE = "control"
 # The keys of trainer.hf.export.DTYPES (tests/platform/test_exports.py holds them
@@ -74,7 +74,9 @@ EXPORT_TASK = "jobs.tasks.export_checkpoint"
 
 def _publish(export_id: int) -> None:
     """Send the job; a broker that refuses leaves the export queued, with the reason."""
-    from lab.site.celery import app
+    from celery import (
+        current_app as app,
+    )  # lab.site.celery's app (design.md 1.2)
 
     try:
         app.send_task(EXPORT_TASK, args=[export_id], queue=EXPORT_QUEUE, retry=False)
@@ -103,7 +105,7 @@ def finish_export(export: CheckpointExport, error: str = "") -> None:
 def run_export(export_id: int) -> str:
     """The worker's side: claim, write the folder, record the outcome (idempotent:
     a repeated delivery finds the export claimed and does nothing)."""
-    from trainer.hf.export import export_run  # worker only: loads torch
+    from trainer.run.export import export_run  # worker only: loads torch
 
     export = claim_export(export_id)
     if export is None:

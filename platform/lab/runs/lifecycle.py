@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from lab.configs import Overrides, resolve_config
+from lab.configs import CONFIG_PREFIX, Overrides, check_reward_function, resolve_config
 from lab.experiments.models import Experiment, Sweep
 from lab.experiments.rights import NotAllowed, check_can_queue, check_priority_allowed, max_priority
 from lab.runs.dispatch import new_task_id, send_run_on_commit
@@ -41,10 +41,17 @@ def check_queue(queue: str | None) -> str:
     return queue
 
 
+# Priorities run 0..9, higher first. 0 is the background: the demo `make up`
+# queues (lab/runs/demo.py) and whatever a user queues to yield to everyone; a
+# run given no priority queues at DEFAULT_PRIORITY, so it starts before them.
+LOWEST_PRIORITY = 0
+DEFAULT_PRIORITY = 1
+
+
 def check_priority(priority: int | None) -> int:
-    """The priority to use (0 when none is given); FieldError outside 0..9."""
+    """The priority to use (DEFAULT_PRIORITY when none is given); FieldError outside 0..9."""
     if priority is None:
-        return 0
+        return DEFAULT_PRIORITY
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
         raise FieldError([("priority", "priority must be an integer from 0 to 9")])
     return priority
@@ -95,6 +102,9 @@ def create_run(
     ``dispatch.PublishFailed`` after the commit (the API answers 503)."""
     queue = check_queue(queue)
     priority = check_priority(priority)
+    check_reward_function(
+        config.task, prefix=f"{CONFIG_PREFIX}."
+    )  # every stored run, whatever made it
     data = config.to_dict()
     run = Run.objects.create(
         experiment=experiment,
@@ -173,8 +183,7 @@ def submit_run(
 @transaction.atomic
 def clone_run(run: Run, *, owner, overrides: Overrides = None, queue: str | None = None) -> Run:
     """A new queued run with the source's config plus overrides, in the source's
-    experiment (so the cloner must be allowed to queue there). The source's
-    priority is kept up to what the cloner may give."""
+    experiment (so the cloner must be allowed to queue there), at ``clone_priority``."""
     check_can_queue(owner, run.experiment)
     cfg = resolve_config(run.config, None, overrides)
     check_new_runs(owner, [cfg])
@@ -183,10 +192,17 @@ def clone_run(run: Run, *, owner, overrides: Overrides = None, queue: str | None
         experiment=run.experiment,
         config=cfg,
         queue=queue or run.queue,
-        priority=min(run.priority, max_priority(owner)),
+        priority=clone_priority(run, owner),
         variant=run.variant,
         preset=run.preset,
     )
+
+
+def clone_priority(run: Run, owner) -> int:
+    """A clone is the cloner's new run: the source's priority, but never below the
+    default (a clone of a demo run does not wait behind the demo) nor above what
+    the cloner may give."""
+    return min(max(run.priority, DEFAULT_PRIORITY), max_priority(owner))
 
 
 def cancel_run(run: Run, *, user) -> Run:

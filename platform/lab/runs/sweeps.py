@@ -12,10 +12,10 @@ from typing import Any
 
 from django.db import transaction
 
-from lab.configs import resolve_config, strip_config_path
+from lab.configs import check_reward_function, resolve_config, strip_config_path
 from lab.experiments.models import Experiment, Sweep
-from lab.experiments.rights import check_can_queue
-from lab.runs.lifecycle import check_queue, create_run
+from lab.experiments.rights import check_can_queue, check_priority_allowed
+from lab.runs.lifecycle import check_priority, check_queue, create_run
 from lab.runs.limits import check_new_runs, check_sweep_size
 from lab.text import clean_text
 from trainer.config import ExperimentConfig
@@ -84,10 +84,14 @@ def create_sweep(
     seeds: Sequence[int],
     queue: str | None = None,
     name: str = "",
+    priority: int | None = None,
 ) -> Sweep:
-    """Validate every combination first; store the sweep and its runs only if all pass."""
+    """Validate every combination first; store the sweep and its runs only if all pass.
+    Every run queues at ``priority`` (the default when None)."""
     check_can_queue(owner, experiment)
     queue = check_queue(queue)
+    priority = check_priority(priority)
+    check_priority_allowed(owner, priority)
     name = clean_text("name", name, max_length=200)
     planned = preview_sweep(base_config, grid, seeds)
     check_new_runs(owner, [cfg for _, cfg in planned])
@@ -102,8 +106,9 @@ def create_sweep(
     )
     for label, cfg in planned:
         create_run(
-            owner=owner, experiment=experiment, config=cfg, queue=queue, variant=label, sweep=sweep
-        )
+            owner=owner, experiment=experiment, config=cfg, queue=queue, priority=priority,
+            variant=label, sweep=sweep,
+        )  # fmt: skip
     return sweep
 
 
@@ -115,8 +120,10 @@ def create_study_sweep(
     definition: Mapping[str, Any],
     queue: str | None = None,
     overrides: Sequence[str] = (),
+    priority: int | None = None,
 ) -> Sweep:
-    """Queue a stability study (trainer/studies/definition.py) as a sweep: one run per variant x seed.
+    """Queue a stability study (trainer/studies/definition.py) as a sweep: one run per variant x seed,
+    each at ``priority`` (the default when None).
 
     The same definition that ``python -m trainer study`` runs; every config is
     validated first (errors name ``variants.<name>.<field>``), so a bad study
@@ -124,6 +131,8 @@ def create_study_sweep(
     """
     check_can_queue(owner, experiment)
     queue = check_queue(queue)
+    priority = check_priority(priority)
+    check_priority_allowed(owner, priority)
     study = StudyDefinition.from_dict(dict(definition))
     check_overrides(study, list(overrides))  # the CLI's rule: never redefine a variant
     check_sweep_size(len(study.variants) * len(study.seeds), field="variants")
@@ -134,6 +143,8 @@ def create_study_sweep(
         for seed in study.seeds
         for variant in study.variants
     ]
+    for variant_name, cfg in planned:  # a study names its configs outside resolve_config
+        check_reward_function(cfg.task, prefix=f"variants.{variant_name}.")
     check_new_runs(owner, [cfg for _, cfg in planned])
     sweep = Sweep.objects.create(
         experiment=experiment,
@@ -151,6 +162,7 @@ def create_study_sweep(
             experiment=experiment,
             config=cfg,
             queue=queue,
+            priority=priority,
             variant=variant,
             sweep=sweep,
         )

@@ -24,6 +24,10 @@ from lab.jobs import fs_broker  # noqa: F401  (filesystem:// writes whole messag
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.site.settings")
 
 app = Celery("lab.site")
+# The packages below the site (runs, assets, jobs) publish through
+# ``celery.current_app`` and never import this module (docs/design.md 1.2). The
+# default app is what current_app is in every thread, not only in this one.
+app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
     broker_url=settings.CELERY_BROKER_URL,

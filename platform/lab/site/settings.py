@@ -19,6 +19,7 @@ Environment variables:
     DJANGO_SECRET_KEY       required on PostgreSQL; on SQLite the lab keeps its own in var/
     DJANGO_DEBUG            1 turns Django's debug pages on (default off)
     LAB_HTTPS               1 behind a TLS proxy: secure cookies, HSTS, HTTPS redirect
+    LAB_REWARD_MODULES      custom reward functions runs may name (module or module:function, comma-separated)
     DJANGO_ALLOWED_HOSTS, DJANGO_CSRF_TRUSTED_ORIGINS
 
 Safe by default: DEBUG is off unless asked for, and there is no built-in
@@ -35,6 +36,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from trainer.reward_functions import parse_entries as parse_reward_entries
+
 BASE_DIR = Path(__file__).resolve().parents[3]  # the repository root
 VAR_DIR = Path(os.environ.get("LAB_VAR_DIR", BASE_DIR / "var"))
 RUNS_DIR = Path(os.environ.get("LAB_RUNS_DIR", VAR_DIR / "runs"))
@@ -45,6 +48,15 @@ RUNS_DIR = Path(os.environ.get("LAB_RUNS_DIR", VAR_DIR / "runs"))
 # volume, so a login cannot make the server read, or the workers load, files
 # outside it.
 LAB_ASSET_ROOTS = [Path(p) for p in os.environ.get("LAB_ASSET_ROOTS", "").split(":") if p]
+# Custom reward functions runs may name (task.verifier = "python"), comma-separated:
+# "package.module" offers the functions defined in that module, "package.module:fn"
+# one function (trainer/reward_functions.py). Reward code is trusted code: only an
+# administrator lists it, the web process never imports it, and the worker's trainer
+# runs it in a process of its own with a time bound per call. Empty: none offered.
+try:
+    LAB_REWARD_MODULES = parse_reward_entries(os.environ.get("LAB_REWARD_MODULES", ""))
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 
 # One machine on SQLite (the `make up` default, or any sqlite:// DATABASE_URL);
 # a team deployment runs on a database server.
@@ -96,7 +108,9 @@ INSTALLED_APPS = [
     "lab.assets",
     "lab.api",
     "lab.tracking",
-    "dashboard",
+    # the web wing: team review (app label "dashboard", tables unchanged) and the pages
+    "dashboard.review",
+    "dashboard.web",
 ]
 
 MIDDLEWARE = [
@@ -172,11 +186,11 @@ TIME_ZONE = "UTC"
 # --------------------------------------------------------------------------- static files
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
-# plotly.js comes from the installed Python plotly package (dashboard/staticfiles.py), no CDN.
+# plotly.js comes from the installed Python plotly package (dashboard/web/staticfiles.py), no CDN.
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "dashboard.staticfiles.PlotlyJsFinder",
+    "dashboard.web.staticfiles.PlotlyJsFinder",
 ]
 # Serve app static files without collectstatic on one machine; a team
 # deployment runs collectstatic (Dockerfile) and serves STATIC_ROOT.
@@ -211,7 +225,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "lab.api.errors.json_exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        "lab.api.json_input.BoundedJSONParser",
+        "lab.api.json_parser.BoundedJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],

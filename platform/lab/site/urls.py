@@ -1,7 +1,7 @@
-"""The site: admin, the API, logins, and the web wing (dashboard.urls) at the root.
+"""The site: admin, the API, logins, and the web wing (dashboard.web.urls) at the root.
 
 The web wing's pages once lived under ``/dashboard/``; those addresses redirect
-permanently to the same path at the root (dashboard.urls).
+permanently to the same path at the root (dashboard.web.urls).
 """
 
 from django.contrib import admin
@@ -12,5 +12,5 @@ urlpatterns = [
     path("api/", include("lab.api.urls")),
     path("", include("lab.tracking.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("", include("dashboard.urls")),
+    path("", include("dashboard.web.urls")),
 ]

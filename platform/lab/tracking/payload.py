@@ -9,12 +9,12 @@ the lab's metric-key column are refused too: a key is stored as a
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from lab.inputs.json_input import JSONTooDeep, loads
 from lab.text import NEVER_STORABLE, forbidden_character
 from lab.tracking.errors import invalid
 
@@ -58,19 +58,14 @@ def parse_body(request) -> dict[str, Any]:
         return {k: v if len(v) > 1 else v[0] for k, v in request.GET.lists()}
     try:
         text = request.body.decode("utf-8") if request.body else "{}"
-        # C json: nesting past the interpreter's limit raises RecursionError, refused here
-        body = json.loads(text, parse_constant=_refuse_constant)
-    except RecursionError:
+        body = loads(text, constant_hint='send a metric\'s NaN as the string "NaN"')
+    except JSONTooDeep:
         raise invalid("the request body is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     return body
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f'{name} is not a JSON value (send a metric\'s NaN as the string "NaN")')
 
 
 def points(entries: Any, field: str = "metrics") -> list[Point]:

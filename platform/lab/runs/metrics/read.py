@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from django.db import connection
 from django.db.models import Max, QuerySet
+from tsdownsample import MinMaxDownsampler
 
 from lab.runs.metrics.columns import (
     chunk_of,
@@ -20,7 +21,6 @@ from lab.runs.metrics.columns import (
     scalar_array,
     window_bounds,
 )
-from lab.runs.metrics.downsample import MIN_POINTS, downsample_indices
 from lab.runs.models import STEPS_COLUMN, MetricColumn, MetricStep
 from trainer.metric_keys import METRIC_NAME, is_vector_key
 
@@ -37,8 +37,9 @@ def metric_series(
 
     Values are aligned on ``steps``; ``None`` where a step did not log the key
     or stored a null (a non-finite value). Longer ranges are thinned with the
-    extremes-keeping downsampler the dashboards draw with
-    (runs/metrics/downsample.py, min and max per bucket): each scalar key gets
+    minimum and the maximum of equal-count buckets of each key's finite values
+    (``_extreme_steps``, the rule the dashboards draw with in
+    dashboard/charts/downsample.py), plus the first step of each gap: each scalar key gets
     ``max_points // len(keys)`` points (at least 4) chosen on its own series,
     the response holds the union of their steps plus the first and last step,
     so a one-step KL spike survives any ``max_points``. Every row of the
@@ -58,12 +59,36 @@ def metric_series(
                 pick = np.unique(np.linspace(0, key_steps.size - 1, per_key).astype(np.int64))
                 kept.append(key_steps[pick] if key_steps.size else key_steps)
             else:
-                kept.append(key_steps[downsample_indices(key_steps, values, per_key)])
+                kept.append(_extreme_steps(key_steps, values, per_key))
         steps = np.unique(np.concatenate(kept))
     return {
         "steps": steps.tolist(),
         "series": {key: _aligned(steps, *entry.series[key]) for key in keys},
     }
+
+
+# Fewest points a thinned key keeps: first, last, and one extreme pair.
+MIN_POINTS = 4
+# Stateless, so one instance serves every call.
+_MINMAX = MinMaxDownsampler()
+
+
+def _extreme_steps(steps: np.ndarray, values: np.ndarray | list, budget: int) -> np.ndarray:
+    """At most ``budget`` of ``steps`` (n,): the first step of every gap (a run of
+    missing or non-finite values, so a line breaks there), then the minimum and the
+    maximum of equal-count buckets of the finite values (tsdownsample's MinMax
+    kernel), so a one-step spike is always among them."""
+    y = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    finite = np.isfinite(y)
+    gaps = np.flatnonzero(~finite & np.r_[True, finite[:-1]])
+    if budget - gaps.size < 2:  # gaps denser than the budget: the extremes only
+        gaps = gaps[:0]
+    n_out = budget - gaps.size
+    n_out -= n_out % 2  # the kernel returns pairs
+    points = np.flatnonzero(finite)
+    if points.size > n_out:
+        points = points[np.unique(_MINMAX.downsample(np.ascontiguousarray(y[points]), n_out=n_out))]
+    return steps[np.concatenate([gaps, points])]
 
 
 def _aligned(steps: np.ndarray, key_steps: np.ndarray, values: np.ndarray | list) -> list:
@@ -91,7 +116,7 @@ def metric_keys(run_id: int) -> list[str]:
 # A key missing from a step's JSON reads as this marker inside the aggregated
 # text, an explicit JSON null as ``null``: Python's json module parses
 # "Infinity" to +inf, and no stored value can be infinite (JSON has no
-# infinity, and the trainer writes null for NaN/inf: trainer/run/files.py).
+# infinity, and the trainer writes null for NaN/inf: trainer/run_folder/files.py).
 _MISSING = "Infinity"
 _SAFE_KEY = METRIC_NAME  # trainer/metric_keys.py: never a double quote nor a comma
 
@@ -136,7 +161,7 @@ def metric_series_many(
     Both parts read the same series (tests/platform: sealed, partly sealed
     and unsealed runs give equal results); docs/benchmarks.md has the
     measurements. The dashboards downsample on their side with a method
-    that keeps spikes (runs/metrics/downsample.py). Every run asked for is in
+    that keeps spikes (dashboard/charts/downsample.py). Every run asked for is in
     the result, empty when it has no stored step in the range.
     """
     ids = list(dict.fromkeys(int(r) for r in run_ids))

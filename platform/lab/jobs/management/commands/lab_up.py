@@ -2,10 +2,15 @@
 
 Migrates, prints a demo login, starts the web server, one CPU worker slot per
 core (each trains with one thread) and the reconciler (Celery beat), queues the
-demo (``DEMO_VARIANTS`` of the causal study, trainer/studies/causal.json, x
-``DEMO_SEEDS``: the cells that decide its question, see docs/platform.md) the
-first time, prints the URL, and on Ctrl-C stops everything: the worker's shutdown makes a training
-run checkpoint and go back to the queue, so the next `make up` resumes it.
+demo (lab/runs/demo.py: a slice of the causal study at the lowest priority)
+the first time, prints the URL, and on Ctrl-C stops everything: the worker's
+shutdown makes a training run checkpoint and go back to the queue, so the next
+`make up` resumes it.
+
+``--check`` (``make up UP_ARGS=--check``, what CI runs before ``make test``)
+does the same, waits until every worker slot is live and a demo run trains,
+then stops everything and checks that no run was left running or spent
+(lab/jobs/up_check.py); the exit status says whether it held.
 
 Why this runner and not a Procfile run by honcho: on Ctrl-C honcho sends
 SIGTERM to every process, then SIGKILL to whatever still runs 5 s after the
@@ -31,32 +36,12 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from lab.assets.roots import ROOTS_SETTING, default_asset_roots
-from lab.experiments.models import Experiment
-from lab.experiments.services import create_experiment
-from lab.jobs import launch
-from lab.jobs.management.commands.submit import study_definition_dict
-from lab.runs.sweeps import create_study_sweep
+from lab.jobs import launch, up_check
+from lab.runs.demo import DEMO_EXPERIMENT, DEMO_USER, queue_demo
 
-STUDY = "causal"
-# The demo: the four cells of the causal study that decide its question (does a
-# routing-only gap make MoE collapse? does R3 prevent it? do the zero-gap MoE and
-# dense controls learn?), three seeds of base 0 (seeds 0, 4, 8 of the study: the
-# same runs as the study's own, so the demo reproduces its documented steps),
-# queued seed-major so the first four finished runs already compare every cell.
-# 12 runs of 150 steps: docs/platform.md has the wall times.
-DEMO_VARIANTS = ("moe-s0", "moe-s0.2", "moe-r3-s0.2", "dense")
-DEMO_SEEDS = [0, 4, 8]
-STUDY_EXPERIMENT = "Demo: MoE collapse against a routing-only gap, R3 and dense"
-# Where the study stands (docs/results.md), so the demo's reader knows what to look
-# for; the demo's own runs say what they say.
-DEMO_FINDING = (
-    "The causal study (docs/results.md) is pre-registered: routing-only gaps from "
-    "rollout.router_noise on fp32 rollouts, 12 runs per cell over 4 bases; its results "
-    "and decision are reported there. "
-)
 STOP_GRACE_S = 60.0
 
 
@@ -66,18 +51,6 @@ def worker_slots() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-def demo_definition() -> dict:
-    """The causal study cut down to DEMO_VARIANTS x DEMO_SEEDS, each run on one thread."""
-    definition = study_definition_dict(STUDY)
-    definition["variants"] = [v for v in definition["variants"] if v["name"] in DEMO_VARIANTS]
-    definition["seeds"] = list(DEMO_SEEDS)
-    definition["description"] = (
-        f"The demo: {len(DEMO_VARIANTS)} cells of the causal study x "
-        f"{len(DEMO_SEEDS)} seeds, one thread per run. {DEMO_FINDING}" + definition["description"]
-    )
-    return definition
 
 
 class Command(BaseCommand):
@@ -93,8 +66,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--workers", type=int, default=None, help="CPU worker slots (default: one per core)"
         )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="start, wait until every worker slot is live and a demo run trains, stop, "
+            "and exit 1 unless every run went back to the queue unspent (CI)",
+        )
 
-    def handle(self, *args, host, port, steps, no_study, workers, **opts):
+    def handle(self, *args, host, port, steps, no_study, workers, check, **opts):
         var = Path(settings.VAR_DIR)
         var.mkdir(parents=True, exist_ok=True)
         roots = self._asset_roots(var)
@@ -117,8 +96,26 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
 
+        if check:
+            self._check(procs, var, slots, url)
+            return
         self._run_until_stopped(procs, var)
         self.stdout.write("stopped.")
+
+    def _check(self, procs, var: Path, slots: int, url: str) -> None:
+        """Wait until the lab works, stop it as Ctrl-C would, and judge the stop."""
+        try:
+            started = up_check.wait_until_working(procs, slots, var, url)
+        finally:
+            self._stop(procs)
+        problems = started.problems + up_check.problems_after_stop(procs, started)
+        for line in started.notes:
+            self.stdout.write(f"  {line}")
+        if problems:
+            raise CommandError("make up check failed:\n  " + "\n  ".join(problems))
+        self.stdout.write(
+            "check passed: started, trained, stopped; every run is back in the queue."
+        )
 
     @staticmethod
     def _asset_roots(var: Path) -> str:
@@ -189,7 +186,7 @@ class Command(BaseCommand):
         session auth hash and would log every browser out on each restart.
         """
         cred = var / "demo-login.txt"
-        username = "demo"
+        username = DEMO_USER
         user, created = get_user_model().objects.get_or_create(username=username)
         if cred.exists() and not created:
             password = cred.read_text().strip()
@@ -203,27 +200,14 @@ class Command(BaseCommand):
         return username, password
 
     def _queue_study(self, steps: int | None) -> None:
-        if Experiment.objects.filter(name=STUDY_EXPERIMENT).exists():
-            return
-        owner = get_user_model().objects.get(username="demo")
-        definition = demo_definition()
-        experiment = create_experiment(
-            owner=owner,
-            name=STUDY_EXPERIMENT,
-            description=definition.get("description", ""),
-            tags=["study", "demo"],
-        )
-        sweep = create_study_sweep(
-            owner=owner,
-            experiment=experiment,
-            definition=definition,
-            queue=settings.LAB_DEFAULT_QUEUE,
-            overrides=["run.threads=1", *([f"run.steps={steps}"] if steps else [])],
-        )
-        self.stdout.write(
-            f"queued '{STUDY_EXPERIMENT}': {sweep.runs.count()} runs "
-            "(open Stability review on the experiment to compare the variants)"
-        )
+        owner = get_user_model().objects.get(username=DEMO_USER)
+        sweep = queue_demo(owner, queue=settings.LAB_DEFAULT_QUEUE, steps=steps)
+        if sweep is not None:
+            self.stdout.write(
+                f"queued '{DEMO_EXPERIMENT}': {sweep.runs.count()} runs at the lowest "
+                "priority (your own runs start first; open Stability review on the "
+                "experiment to compare the variants)"
+            )
 
     def _wait_for_web(self, url: str, procs) -> None:
         deadline = time.monotonic() + 60

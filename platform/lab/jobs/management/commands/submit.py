@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
@@ -31,7 +30,7 @@ from lab.runs import lifecycle, sweeps
 from lab.runs.lifecycle import check_queue
 from lab.runs.models import Run
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
-from trainer.studies.definition import BUILTIN_STUDIES
+from trainer.studies.definition import BUILTIN_STUDIES, builtin_dict
 
 
 class Command(BaseCommand):
@@ -127,6 +126,7 @@ class Command(BaseCommand):
             seeds=spec.get("seeds", [0]),
             queue=opts["queue"] or spec.get("queue"),
             name=spec.get("name", ""),
+            priority=opts["priority"],
         )
         ids = list(sweep.runs.values_list("pk", flat=True))
         self.stdout.write(f"sweep {sweep.pk}: {len(ids)} runs queued: {ids}")
@@ -147,6 +147,7 @@ class Command(BaseCommand):
                 definition=definition,
                 queue=queue,
                 overrides=opts["overrides"],
+                priority=opts["priority"],
             )
             if warning and not opts["force"]:
                 raise CommandError(
@@ -181,7 +182,7 @@ class Command(BaseCommand):
 def study_definition_dict(ref: str) -> dict:
     """A built-in study name (quick, full) or a path to STUDY.json, as a dict."""
     if ref in BUILTIN_STUDIES:
-        return json.loads(resources.files("trainer.studies").joinpath(f"{ref}.json").read_text())
+        return builtin_dict(ref)
     return _read_json(ref, "--study")
 
 

@@ -1,6 +1,0 @@
-from django.apps import AppConfig
-
-
-class DashboardConfig(AppConfig):
-    name = "dashboard"
-    verbose_name = "Stability dashboards"

@@ -1,0 +1,152 @@
+"""The stability review's causal panel: collapse hazard against the routing gap.
+
+Pure (no Django): run records in, table rows and a Plotly figure out. The
+statistics are the causal study's (``trainer.analysis.survival``: the Cox dose
+model stratified by base, the MoE-vs-dense contrast at zero gap, Holm over
+the three tests) and the power statement is Schoenfeld's
+(``trainer.analysis.power.detectable_hazard_ratio``) on the events observed.
+
+A run record: ``variant``, ``seed``, ``base`` (the warm-start seed), ``moe``,
+``r3``, ``gap`` (the share of (token, MoE layer) pairs routed differently over
+the run's first steps), ``summary`` (``collapsed``, ``collapse_step``, ``steps``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+
+from dashboard.charts.style import base_layout, color_of
+
+MIN_GAP_SPREAD = 0.01  # a panel needs MoE runs at (at least) two gaps a point apart
+
+
+@dataclass(frozen=True)
+class EffectRow:
+    test: str
+    hazard_ratio: str
+    p_holm: str
+
+
+def applies(records: Sequence[dict[str, Any]]) -> bool:
+    """The panel is shown when the MoE runs span a routing gap (a dose)."""
+    gaps = [r["gap"] for r in records if r["moe"]]
+    return len(gaps) >= 2 and max(gaps) - min(gaps) >= MIN_GAP_SPREAD
+
+
+def _hr(effect: dict[str, float] | None) -> str:
+    if not effect:
+        return "-"
+    return (
+        f"{effect['hr']:.2f} [{effect['hr_low']:.2f}, {effect['hr_high']:.2f}], "
+        f"p = {effect['p']:.3g}"
+    )
+
+
+def effects(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Cox effects with Holm-adjusted p-values, exact bounds and the power statement."""
+    from lifelines.exceptions import ConvergenceError
+
+    from trainer.analysis.intervals import holm
+    from trainer.analysis.power import detectable_hazard_ratio
+    from trainer.analysis.survival import architecture_model, dose_model, run_table
+
+    frame = run_table(records)
+    try:
+        dose = dose_model(frame)
+    except (ConvergenceError, ValueError, ArithmeticError):
+        dose = None  # no finite fit (e.g. complete separation): shown as not estimable
+    try:
+        arch = architecture_model(frame)
+    except (ConvergenceError, ValueError, ArithmeticError):
+        arch = None
+    raw = {
+        "H1": dose and dose["gap"]["p"],
+        "H2": dose and dose.get("r3_interaction", {}).get("p"),
+        "H3": arch and arch["moe"]["p"],
+    }
+    present = [k for k, v in raw.items() if v is not None]
+    adjusted = dict(zip(present, holm([raw[k] for k in present]), strict=True))
+
+    def p(key: str) -> str:
+        return "-" if key not in adjusted else f"{adjusted[key]:.3g}"
+
+    rows = [
+        EffectRow("MoE hazard per 10 points of routing gap", _hr(dose and dose["gap"]), p("H1")),
+        EffectRow("R3 x gap interaction", _hr(dose and dose.get("r3_interaction")), p("H2")),
+        EffectRow("MoE+R3 hazard per 10 points of gap", _hr(dose and dose.get("gap_with_r3")), "-"),
+        EffectRow("MoE vs dense at zero gap", _hr(arch and arch["moe"]), p("H3")),
+    ]
+    moe = frame[frame["moe"] == 1]
+    events = int(moe["event"].sum())
+    spread = float(moe["gap10"].std(ddof=0)) if len(moe) > 1 else 0.0
+    detectable = detectable_hazard_ratio(events, spread)
+    if detectable is None:
+        power = (
+            f"{events} collapses among {len(moe)} MoE runs: no hazard ratio can be estimated "
+            "without collapses."
+            if events == 0
+            else "The MoE runs share one routing gap: no dose to test."
+        )
+    else:
+        power = (
+            f"With {events} collapses among {len(moe)} MoE runs and a gap spread (sd) of "
+            f"{10 * spread:.1f} points, the smallest hazard ratio per 10 points detectable "
+            f"with 80% power at alpha 0.05 is about {detectable:.2f} (Schoenfeld)."
+        )
+    return {"rows": rows, "power": power, "events": events, "moe_runs": len(moe)}
+
+
+def gap_scatter(
+    records: Sequence[dict[str, Any]], colors: dict[str, str] | None = None
+) -> go.Figure:
+    """Each run at its routing gap (x, %) and its time to collapse (y): filled when
+    it collapsed, open when censored at its last step; one colour per variant."""
+    fig = go.Figure()
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_variant.setdefault(record["variant"], []).append(record)
+    for variant in sorted(by_variant):
+        members = by_variant[variant]
+        color = color_of(variant, colors)
+        for collapsed, symbol in ((True, "circle"), (False, "circle-open")):
+            chosen = [m for m in members if bool(m["summary"]["collapsed"]) == collapsed]
+            if not chosen:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[100 * m["gap"] for m in chosen],
+                    y=[
+                        m["summary"]["collapse_step"] if collapsed else m["summary"]["steps"]
+                        for m in chosen
+                    ],
+                    mode="markers",
+                    marker={"color": color, "symbol": symbol, "size": 9},
+                    name=f"{variant} ({'collapsed' if collapsed else 'censored'})",
+                    text=[f"seed {m['seed']}, base {m['base']}" for m in chosen],
+                    hovertemplate="%{text}<br>gap %{x:.1f}%<br>step %{y}<extra></extra>",
+                )
+            )
+    steps = [r["summary"]["steps"] for r in records] or [1]
+    layout = base_layout(
+        title="Time to collapse against the routing gap",
+        x_title="routing gap at the start (% of token-layer pairs)",
+        y_title="collapse step (open: never, censored)",
+        uirevision="causal-gap",
+        hovermode="closest",
+    )
+    layout["xaxis"]["rangemode"] = "tozero"
+    layout["yaxis"]["range"] = [0, 1.05 * max(steps)]
+    fig.update_layout(**layout)
+    return fig
+
+
+def mean_gap_by_variant(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    groups: dict[str, list[float]] = {}
+    for record in records:
+        groups.setdefault(record["variant"], []).append(record["gap"])
+    return {name: statistics.fmean(values) for name, values in groups.items()}

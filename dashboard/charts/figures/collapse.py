@@ -1,0 +1,305 @@
+"""Collapse and survival figures of a stability review: the collapse step of
+every seed per variant (``collapse_strip``) and Kaplan-Meier survival curves
+(``survival_curves``), censored runs (never collapsed) marked on both, and the
+share collapsed per rollout precision of a dose study (``dose_response``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from dashboard.charts.style import base_layout, color_of
+from dashboard.charts.survival import (
+    LOWER_BOUND_PREFIX,
+    CollapseSummary,
+    Event,
+    RunOutcome,
+    censor_marks,
+    kaplan_meier,
+    summarize_outcomes,
+)
+
+Outcome = RunOutcome | Event
+
+# Collapse strip: a variant's seeds sit within +-SEED_SPREAD of its tick (axis units).
+SEED_SPREAD = 0.18
+
+
+def _events(outcomes: Sequence[Outcome]) -> list[tuple[int, bool, str]]:
+    """(step, collapsed, seed label) per run."""
+    out = []
+    for i, o in enumerate(outcomes):
+        if isinstance(o, RunOutcome):
+            name = o.label or (f"seed {o.seed}" if o.seed is not None else f"run {i}")
+            out.append((o.step, o.collapsed, name))
+        else:
+            out.append((int(o[0]), bool(o[1]), f"run {i}"))
+    return out
+
+
+def collapse_strip(
+    outcomes_by_variant: Mapping[str, Sequence[Outcome]],
+    *,
+    colors: Mapping[str, str] | None = None,
+    title: str = "Collapse step per seed",
+    uirevision: str = "collapse-strip",
+) -> go.Figure:
+    """Each seed a point at its collapse step; a seed that never collapsed is an
+    open up-triangle at its last step labelled ">= N" (it survived at least that
+    long; seeds censored at the same step share one drawn label, the download
+    has each seed's). A wide dash marks the variant's mean, labelled as in the
+    table, the label to the right of the seeds so the two never overlap."""
+    variants = list(outcomes_by_variant)
+    fig = go.Figure(
+        layout=base_layout(
+            title=title,
+            x_title="variant",
+            y_title="collapse step",
+            uirevision=uirevision,
+            hovermode="closest",
+        )
+    )
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=list(range(len(variants))),
+        ticktext=variants,
+        range=[-0.6, len(variants) - 0.4],
+        automargin=True,  # rotated variant names push the axis title down, not into it
+    )
+    # The legend (two entries per variant) right of the plot: below it, the
+    # "variant" title and rotated names would run into it from 6 variants on.
+    fig.update_layout(
+        legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},
+        margin={"r": 200},
+    )
+    for pos, variant in enumerate(variants):
+        color = color_of(variant, colors)
+        events = _events(outcomes_by_variant[variant])
+        # Spread seeds sideways in a fixed pattern so equal steps do not overlap.
+        offsets = (
+            np.linspace(-SEED_SPREAD, SEED_SPREAD, len(events)) if len(events) > 1 else np.zeros(1)
+        )
+        for collapsed in (True, False):
+            chosen = [(off, e) for off, e in zip(offsets, events, strict=True) if e[1] is collapsed]
+            if chosen:
+                fig.add_trace(_seed_points(variant, pos, chosen, color, collapsed=collapsed))
+        summary = summarize_outcomes(variant, [(e[0], e[1]) for e in events])
+        if summary.mean_step is not None:
+            for trace in _mean_marks(variant, pos, summary, color):
+                fig.add_trace(trace)
+    return fig
+
+
+def _seed_points(
+    variant: str,
+    pos: int,
+    chosen: list[tuple[float, tuple[int, bool, str]]],
+    color: str,
+    *,
+    collapsed: bool,
+) -> go.Scatter:
+    """The variant's collapsed seeds (filled circles) or censored ones (open
+    triangles labelled ">= N"), each at its sideways offset from the tick."""
+    steps = [e[0] for _, e in chosen]
+    labels = None if collapsed else [f"{LOWER_BOUND_PREFIX}{s}" for s in steps]
+    hovers = [
+        f"{e[2]}: collapsed at step {e[0]}"
+        if collapsed
+        else f"{e[2]}: no collapse by step {e[0]} (censored)"
+        for _, e in chosen
+    ]
+    return go.Scatter(
+        x=[pos + off for off, _ in chosen],
+        y=steps,
+        mode="markers" if collapsed else "markers+text",
+        name=f"{variant}: collapsed" if collapsed else f"{variant}: censored",
+        legendgroup=variant,
+        marker={
+            "symbol": "circle" if collapsed else "triangle-up-open",
+            "size": 10 if collapsed else 12,
+            "color": color,
+            "line": {"width": 1.5, "color": color},
+        },
+        text=None if labels is None else _one_label_per_step(steps, labels),
+        textposition="top center",
+        textfont={"color": color, "size": 10},
+        # a ">= N" label above the highest point is drawn past the plot area, not cut
+        cliponaxis=False,
+        hovertext=hovers,
+        hoverinfo="text",
+        meta={
+            "variant": variant,
+            "role": "collapsed" if collapsed else "censored",
+            "export_x": [variant] * len(chosen),
+            **({} if labels is None else {"export_text": labels}),
+        },
+    )
+
+
+def _mean_marks(variant: str, pos: int, summary: CollapseSummary, color: str) -> list[go.Scatter]:
+    """A wide dash at the variant's mean collapse step, and its label to the right
+    of every seed's point (so the two never overlap)."""
+    return [
+        go.Scatter(
+            x=[pos],
+            y=[summary.mean_step],
+            mode="markers",
+            name=f"{variant}: mean",
+            legendgroup=variant,
+            showlegend=False,
+            marker={"symbol": "line-ew-open", "size": 36, "color": color, "line": {"width": 3}},
+            text=[summary.label],
+            hovertext=[f"{variant}: mean {summary.label} ({summary.count_label})"],
+            hoverinfo="text",
+            meta={"variant": variant, "role": "mean", "export_x": [variant]},
+        ),
+        go.Scatter(
+            x=[pos + SEED_SPREAD + 0.06],
+            y=[summary.mean_step],
+            mode="text",
+            name=f"{variant}: mean label",
+            legendgroup=variant,
+            showlegend=False,
+            text=[summary.label],
+            textposition="middle right",
+            textfont={"color": color},
+            hoverinfo="skip",
+            meta={"variant": variant, "role": "mean label", "export": False},
+        ),
+    ]
+
+
+def _one_label_per_step(steps: Sequence[int], labels: Sequence[str]) -> list[str]:
+    """``labels`` with only the middle point of each group of equal steps labelled
+    (the points sit side by side, and equal labels would print over each other)."""
+    shown = [""] * len(labels)
+    by_step: dict[int, list[int]] = {}
+    for i, step in enumerate(steps):
+        by_step.setdefault(step, []).append(i)
+    for members in by_step.values():
+        middle = members[len(members) // 2]
+        shown[middle] = labels[middle]
+    return shown
+
+
+def survival_curves(
+    outcomes_by_variant: Mapping[str, Sequence[Outcome]],
+    *,
+    colors: Mapping[str, str] | None = None,
+    title: str = "Share of runs not yet collapsed (Kaplan-Meier)",
+    uirevision: str = "survival",
+) -> go.Figure:
+    """Kaplan-Meier survival per variant as a step line; censored runs as ticks on it."""
+    fig = go.Figure(
+        layout=base_layout(
+            title=title, x_title="step", y_title="runs not yet collapsed", uirevision=uirevision
+        )
+    )
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    for variant, outcomes in outcomes_by_variant.items():
+        color = color_of(variant, colors)
+        events = [(e[0], e[1]) for e in _events(outcomes)]
+        steps, survival = kaplan_meier(events)
+        if not steps:
+            continue
+        summary = summarize_outcomes(variant, events)
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=survival,
+                mode="lines",
+                line={"shape": "hv", "color": color, "width": 2},
+                name=f"{variant} ({summary.count_label})",
+                legendgroup=variant,
+                hovertemplate="%{y:.0%} not collapsed",
+                meta={"variant": variant, "role": "survival"},
+            )
+        )
+        cx, cy = censor_marks(events)
+        if cx:
+            fig.add_trace(
+                go.Scatter(
+                    x=cx,
+                    y=cy,
+                    mode="markers",
+                    name=f"{variant} censored",
+                    legendgroup=variant,
+                    showlegend=False,
+                    marker={
+                        "symbol": "line-ns-open",
+                        "size": 12,
+                        "color": color,
+                        "line": {"width": 2},
+                    },
+                    hovertemplate="censored (no collapse by step %{x})<extra></extra>",
+                    meta={"variant": variant, "role": "censored"},
+                )
+            )
+    return fig
+
+
+DOSE_ARM_SPREAD = 0.08  # sideways step between arms at one dose level (tick units)
+DOSE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "pentagon")
+
+
+def dose_response(
+    outcomes_by_variant: Mapping[str, Sequence[Outcome]],
+    layout: Mapping[str, Any],
+    *,
+    colors: Mapping[str, str] | None = None,
+    uirevision: str = "dose",
+) -> go.Figure:
+    """Share of seeds collapsed per rollout precision (the dose), one line per arm.
+
+    ``layout``: ``dashboard.charts.stability_stats.dose_layout`` of the variants. Hover
+    shows collapsed / seeds, so a cell with few seeds reads as such. Arms share
+    values often (every arm at 0% is the common case), so each arm sits at its
+    own small sideways offset from the level's tick, with its own marker
+    symbol: no point hides another.
+    """
+    fig = go.Figure(
+        layout=base_layout(
+            title="Dose-response: collapsed seeds per rollout precision",
+            x_title="rollout precision (fp32: no engine gap)",
+            y_title="seeds collapsed",
+            uirevision=uirevision,
+        )
+    )
+    fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%")
+    levels = list(layout["levels"])
+    arms = list(layout["arms"].items())
+    for index, (arm, by_level) in enumerate(arms):
+        offset = (index - (len(arms) - 1) / 2) * min(DOSE_ARM_SPREAD, 0.6 / max(len(arms), 1))
+        xs, ys, text = [], [], []
+        for position, level in enumerate(levels):
+            events = _events(outcomes_by_variant.get(by_level.get(level, ""), []))
+            if not events:
+                continue
+            collapsed = sum(1 for e in events if e[1])
+            xs.append(position + offset)
+            ys.append(collapsed / len(events))
+            text.append(f"{level}: {collapsed}/{len(events)}")
+        if xs:
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    text=text,
+                    mode="lines+markers",
+                    name=arm,
+                    line={"color": color_of(arm, colors)},
+                    marker={"symbol": DOSE_SYMBOLS[index % len(DOSE_SYMBOLS)], "size": 9},
+                    hovertemplate=f"{arm}<br>%{{text}} collapsed<extra></extra>",
+                    meta={"variant": arm, "role": "dose"},
+                )
+            )
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=list(range(len(levels))),
+        ticktext=levels,
+        range=[-0.5, len(levels) - 0.5],
+    )
+    return fig

@@ -1,0 +1,60 @@
+"""Export a finished run's checkpoint as a Hugging Face folder.
+
+    python -m trainer export RUN_DIR --step N --out DIR [--dtype bfloat16]
+
+The run's side of the export: its config and checkpoint (``trainer.run.checkpoint``)
+are read here, and the folder is written by ``trainer.hf.export.export_hf``. It
+sits above the run so that the Hugging Face package below it needs nothing of
+the loop (docs/design.md 1.3). The platform's worker calls it on the control
+queue (``lab.runs.exports``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainer.config import ExperimentConfig
+from trainer.errors import FieldError
+from trainer.hf.export import DTYPES, export_hf
+from trainer.hf.files import read_json_file
+from trainer.run.checkpoint import checkpoint_path, load_checkpoint, read_sharded_policy
+from trainer.run_folder.files import CONFIG_FILE
+
+
+def export_run(
+    run_dir: Path, step: int, out: Path, dtype: str = "float32", replace: bool = False
+) -> Path:
+    """Export the policy of ``run_dir``'s checkpoint taken after ``step`` RL steps.
+
+    The stored config is read as a schema only (no task is built): the export
+    needs neither the run's data file nor its reward module.
+    """
+    config_file = run_dir / CONFIG_FILE
+    if not config_file.exists():
+        raise FieldError([("RUN_DIR", f"{run_dir} has no {CONFIG_FILE}; is it a run folder?")])
+    if dtype not in DTYPES:
+        raise FieldError([("--dtype", f"choose one of {', '.join(DTYPES)}")])
+    try:
+        cfg = ExperimentConfig.model_validate(read_json_file(config_file, "RUN_DIR"))
+    except ValidationError as exc:
+        raise FieldError([("RUN_DIR", f"{config_file} is not a valid run config: {exc}")]) from None
+    ckpt = load_checkpoint(run_dir)
+    if ckpt is None:
+        raise FieldError([("RUN_DIR", f"{run_dir} has no checkpoint ({checkpoint_path(run_dir)})")])
+    saved_step = int(ckpt["run_state"]["step"])
+    if saved_step != step:
+        raise FieldError(
+            [("--step", f"the run keeps only its last checkpoint, taken after step {saved_step}")]
+        )
+    policy: dict[str, Any] = ckpt["policy"]
+    if policy is None and ckpt.get("sharded"):  # an FSDP run: merge its shards
+        policy = read_sharded_policy(run_dir, ckpt["sharded"])
+    vocab_size = int(policy["tok_emb.weight"].shape[0])
+    builtin_tokenizer = "byte" if cfg.task.name == "text" else "char"
+    return export_hf(
+        policy, cfg.model, vocab_size, out, dtype, replace=replace,
+        builtin_tokenizer=builtin_tokenizer,
+    )  # fmt: skip
