@@ -33,10 +33,10 @@ class Mlflow:
             )
         return resp.status_code, resp.json()
 
-    def artifact(self, method: str, path: str, data: bytes = b"", **query):
+    def artifact(self, method: str, artifact_path: str, data: bytes = b"", **query):
         """A call of MLflow's artifact API (``/api/2.0/mlflow-artifacts/artifacts/...``):
         (status, the response)."""
-        url = f"{ARTIFACTS}/{path}" if path else ARTIFACTS
+        url = f"{ARTIFACTS}/{artifact_path}" if artifact_path else ARTIFACTS
         headers = {"HTTP_AUTHORIZATION": self.auth}
         if method == "GET":
             resp = self.client.get(url, query, **headers)

@@ -178,13 +178,14 @@ def test_the_layers_that_log_no_expert_load_are_the_dense_ones(ml, exp_id, user)
 def test_mlflow_metric_names_with_spaces_and_colons_are_read_and_charted(ml, exp_id, user, api):
     """TRL times its phases through MLflow as ``profiling/Time taken: GRPOTrainer.<phase>``
     (trl/extras/profiling.py): MLflow's name alphabet has spaces and colons, so the
-    metrics API and the chart endpoints read such a name (dots too) as it was logged."""
+    metrics API and the chart endpoints read such a name (dots too) as it was logged,
+    each timing charted at the step it timed (logged at the step before)."""
     name = "profiling/Time taken: GRPOTrainer.transformers.generate"
     run_id = ml.run(exp_id, tags={"lab.framework": "trl"})
     ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
         _metric(name, 0.5 + s, s) for s in range(3)]})  # fmt: skip
     body = api.get(f"/api/runs/{run_id}/metrics", {"keys": f"{name},reward/mean"}).json()
-    assert body["steps"] == [0, 1, 2] and body["series"][name] == [0.5, 1.5, 2.5]
+    assert body["steps"] == [1, 2, 3] and body["series"][name] == [0.5, 1.5, 2.5]
     assert name in api.get(f"/api/runs/{run_id}/metrics").json()["available_keys"]
     browser = Client()
     browser.force_login(user)

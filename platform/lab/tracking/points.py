@@ -92,7 +92,7 @@ def merge_into_steps(run: Run, by_step: dict[int, dict[str, Any]]) -> None:
     model = run.config.setdefault("model", {})
     keys = {key for values in by_step.values() for key in values}
     slots = {key: metric_map.vector_slot(key) for key in keys}
-    whole = {k for k in keys if k.startswith(mk.EXPERTS_LOAD_PREFIX)}  # a layer's vector
+    whole = {k for k in keys if k.startswith(mk.EXPERTS_LOAD_PREFIX) and slots[k] is None}
     learn_moe_layers(model, {slot[0] for slot in slots.values() if slot is not None} | whole)
     rows = []
     for step, values in by_step.items():
