@@ -17,6 +17,7 @@ from dashboard.web.views import (
     assets,
     compare_pages,
     endpoints,
+    external_runs,
     forms,
     legacy,
     queue,
@@ -45,6 +46,9 @@ urlpatterns = [
     path("runs/<int:run_id>/chart", endpoints.run_chart, name="run_chart"),
     path("runs/<int:run_id>/heatmap", endpoints.run_heatmap, name="run_heatmap"),
     path("runs/<int:run_id>/status", endpoints.run_status, name="run_status"),
+    path("runs/<int:run_id>/distribution", external_runs.run_distribution, name="run_distribution"),
+    path("runs/<int:run_id>/artifacts", external_runs.run_artifact, name="run_artifact"),
+    path("runs/<int:run_id>/models/<str:model_id>", external_runs.run_model, name="run_model"),
     path("verdicts/<int:verdict_id>/withdraw", review.withdraw_verdict, name="withdraw_verdict"),
     # experiments
     path("experiments/", forms.experiment_list, name="experiments"),

@@ -56,9 +56,8 @@ def s3_server():
 
 @pytest.fixture(params=["local", "s3"])
 def store(request, settings, tmp_path, monkeypatch):
-    settings.VAR_DIR = tmp_path / "var"
     if request.param == "local":
-        settings.LAB_ARTIFACT_STORE = ""
+        settings.LAB_ARTIFACT_STORE = f"file://{tmp_path}/artifacts"
         yield "local"
         return
     import boto3

@@ -1,5 +1,5 @@
 """Reads of the points an external run logged (``MetricPoint``): MLflow's metric
-history, and a chart's points on a time axis. Every point is there as it came:
+history, and when each step was logged (a chart's time axes). Every point is there as it came:
 its own step and timestamp, two points at one step both. One indexed query per
 (run, name): the unique key's index leads with (run, key, timestamp, step).
 """
@@ -18,11 +18,6 @@ _SPECIAL_JSON = {
     NonFinite.NAN: "NaN",
     NonFinite.POS_INF: "Infinity",
     NonFinite.NEG_INF: "-Infinity",
-}
-_SPECIAL_FLOAT = {
-    NonFinite.NAN: math.nan,
-    NonFinite.POS_INF: math.inf,
-    NonFinite.NEG_INF: -math.inf,
 }
 
 
@@ -81,30 +76,31 @@ def _from_the_store(run_id: int, tracked: TrackedRun, key: str) -> list[dict[str
     return out
 
 
-def timed_points(run_id: int, names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every point logged under any of ``names`` (the names a lab key was logged as),
-    in time order: (timestamps_ms (n,) int64, steps (n,) int64, values (n,) float64,
-    NaN where not finite) in one query."""
-    rows = list(
-        MetricPoint.objects.filter(run_id=run_id, key__in=names)
-        .order_by("timestamp", "step")
-        .values_list("timestamp", "step", "value", "nonfinite")
+def step_times(run, tracked: TrackedRun, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """When each lab step of the lab key ``key`` was logged: (lab steps (n,) ascending,
+    ms since the epoch (n,)), the latest point's time at each step (the point the step's
+    row keeps), in one query over the points of the names stored under ``key``."""
+    names = names_logged_as(tracked, key)
+    rows = MetricPoint.objects.filter(run_id=run.pk, key__in=names).values_list(
+        "key", "step", "timestamp"
     )
-    if not rows:
-        empty = np.array([], dtype=np.int64)
-        return empty, empty, np.array([], dtype=np.float64)
-    ts, steps, values, special = (np.asarray(col) for col in zip(*rows, strict=True))
-    values = values.astype(np.float64)
-    values[special != NonFinite.FINITE] = [
-        _SPECIAL_FLOAT[int(s)] for s in special[special != NonFinite.FINITE]
-    ]
-    return ts.astype(np.int64), steps.astype(np.int64), values
+    lab_step = metric_map.lab_step_function(run.source.get("framework", ""), run.source)
+    latest: dict[int, int] = {}
+    for name, step, timestamp in rows:
+        at = lab_step(name, step)
+        if timestamp > latest.get(at, -1):
+            latest[at] = timestamp
+    steps = np.array(sorted(latest), dtype=np.int64)
+    return steps, np.array([latest[s] for s in steps.tolist()], dtype=np.int64)
 
 
 def names_logged_as(tracked: TrackedRun, key: str) -> list[str]:
     """The names an external run logged that are stored under the lab key ``key``
-    (itself when logged as it is)."""
+    (itself when logged as it is; an expert-load vector: its experts' scalars)."""
     names = [name for name, stored in tracked.stored_as.items() if stored == key]
     if key in tracked.latest_metrics and key not in tracked.stored_as:
         names.append(key)
+    names += [
+        n for n in tracked.latest_metrics if (slot := metric_map.vector_slot(n)) and slot[0] == key
+    ]
     return names

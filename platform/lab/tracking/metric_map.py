@@ -43,7 +43,7 @@ vector, which the run page's expert-load heatmap reads.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from trainer import metric_keys as mk
 
@@ -216,8 +216,29 @@ def step_shift(framework: str, name: str) -> int:
 # "train/*" at train/step = rollout_id x steps per rollout + step
 # (slime/backends/megatron_utils/model.py), everything else at rollout/step = the
 # rollout id (slime/observability/metric_utils.py compute_rollout_step; the train
-# axis again under --wandb-always-use-train-step). tracking/tensorboard.py aligns them.
+# axis again under --wandb-always-use-train-step). tracking/tensorboard.py aligns them
+# and keeps [k, rollout axis in train steps] on the run (Run.source).
 SLIME_TRAIN_PREFIX = "train/"
+STEPS_PER_ROLLOUT = "steps_per_rollout"
+
+
+def lab_step_function(framework: str, source: dict) -> Callable[[str, int], int]:
+    """The lab step a point (name, step as logged) is charted at, for a run of this
+    framework and ``Run.source``: slime's axes folded onto its rollouts, TRL's timings
+    moved to the step they timed, every other point at its own step."""
+    aligned = source.get(STEPS_PER_ROLLOUT) if framework == SLIME else None
+    if aligned:
+        k, both = int(aligned[0]), bool(aligned[1])
+
+        def slime_step(name: str, step: int) -> int:
+            return step // k if (both or name.startswith(SLIME_TRAIN_PREFIX)) else step
+
+        return slime_step
+    shifts = STEP_SHIFT.get(framework, ())
+    if not shifts:
+        return lambda name, step: step
+    return lambda name, step: step + step_shift(framework, name)
+
 
 EXPERT_LOAD_SCALAR = re.compile(r"^experts/load/L(\d{1,4})/e(\d{1,5})$")
 

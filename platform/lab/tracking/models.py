@@ -67,6 +67,12 @@ class TrackedRun(models.Model):
     deleted_time = models.BigIntegerField(
         null=True, blank=True, help_text="ms since the epoch; the run's Run.deleted_at"
     )
+    distributions = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The run's distribution keys (dist/<tag>: imported TensorBoard histograms), "
+        "drawn as distribution panels on the run page.",
+    )
     import_notes = models.JSONField(
         default=list,
         blank=True,

@@ -42,6 +42,8 @@ def store_points(
         framework = metric_map.detect_framework({p.key for p in points})
         if framework:
             run.source = {**run.source, "framework": framework}
+    if lab_step is None:
+        lab_step = metric_map.lab_step_function(framework, run.source)
     # One value per (step, stored key): the later timestamp wins, then the later point.
     chosen: dict[tuple[int, str], Point] = {}
     stored_keys: dict[str, str] = {}
@@ -51,12 +53,7 @@ def store_points(
             stored_key = stored_keys[p.key] = metric_map.lab_key(p.key, framework)
             if stored_key != p.key:
                 tracked.stored_as[p.key] = stored_key
-        step = (
-            p.step + metric_map.step_shift(framework, p.key)
-            if lab_step is None
-            else lab_step(p.key, p.step)
-        )
-        slot_key = (step, stored_key)
+        slot_key = (lab_step(p.key, p.step), stored_key)
         if slot_key not in chosen or p.timestamp >= chosen[slot_key].timestamp:
             chosen[slot_key] = p
         latest = tracked.latest_metrics.get(p.key)

@@ -299,11 +299,18 @@ def log_outputs(*, user, run_id: Any, models: list[dict[str, Any]]) -> None:
 
 def log_vectors(*, user, run_id: Any, by_step: dict[int, dict[str, list]]) -> None:
     """Whole vectors into the run's step rows (an imported histogram's expert loads or
-    distribution: tracking/tensorboard.py)."""
+    distribution: tracking/tensorboard.py); the run lists its distribution keys."""
     with transaction.atomic():
-        run, _ = _locked_for_write(user, run_id)
+        run, tracked = _locked_for_write(user, run_id)
         merge_into_steps(run, by_step)
         run.save(update_fields=["config", "current_step", "total_steps", "metric_chunks_sealed"])
+        keys = {k for values in by_step.values() for k in values}
+        dists = sorted(
+            set(tracked.distributions) | {k for k in keys if k.startswith(mk.DISTRIBUTION_PREFIX)}
+        )
+        if dists != tracked.distributions:
+            tracked.distributions = dists
+            tracked.save(update_fields=["distributions"])
 
 
 def forget_metrics(*, user, run_id: Any, names: list[str]) -> None:

@@ -51,7 +51,6 @@ CLIENT = "tensorboard-import"
 _EXPERT_TAG = re.compile(r"expert", re.IGNORECASE)
 _LAYER = re.compile(r"(?:layers?|blocks?|\bL)[._/-]?(\d{1,4})(?!\d)", re.IGNORECASE)
 MAX_EXPERTS = 4096
-STEPS_PER_ROLLOUT = "steps_per_rollout"  # Run.source: slime's train steps per rollout
 
 
 def _accumulator(folder: Path):
@@ -239,21 +238,18 @@ class TensorBoardImport:
             return None
         k, both = slime_steps_per_rollout(scalars)
         k = self.given_k or k
-        before = self.run.source.get(STEPS_PER_ROLLOUT)
+        before = self.run.source.get(metric_map.STEPS_PER_ROLLOUT)
         if before != [k, both]:
-            services.set_source(user=user, run_id=self.run.pk, **{STEPS_PER_ROLLOUT: [k, both]})
+            services.set_source(
+                user=user, run_id=self.run.pk, **{metric_map.STEPS_PER_ROLLOUT: [k, both]}
+            )
             self.run.refresh_from_db(fields=["source"])
             if before is not None:  # realign what is stored: forget the train keys, read again
                 train = [t for t in scalars if t.startswith(metric_map.SLIME_TRAIN_PREFIX)]
                 services.forget_metrics(user=user, run_id=self.run.pk, names=train)
                 for tag in train:
                     self.seen.pop(("scalar", tag), None)
-        prefix = metric_map.SLIME_TRAIN_PREFIX
-
-        def lab_step(name: str, step: int) -> int:
-            return step // k if (name.startswith(prefix) or both) else step
-
-        return lab_step
+        return metric_map.lab_step_function(framework, self.run.source)
 
     def poll(self, user) -> int:
         """Reload the event files and store the new points; returns how many."""
