@@ -184,6 +184,9 @@ def causal_records(runs: Sequence[Run]) -> list[dict[str, Any]]:
 
 STABILITY_KEYS = [
     mk.MISMATCH_KL_K3,
+    mk.MISMATCH_KL_K1,  # the KL column's fallbacks (dashboard/charts/stability.py)
+    mk.MISMATCH_LOGP_ABS_DIFF,
+    mk.MISMATCH_PROB_ABS_DIFF,
     mk.MISMATCH_ROUTING_INCONSISTENCY,
     mk.MISMATCH_EXTREME_TOKEN_FRAC,
     mk.EVAL_ACCURACY,

@@ -117,3 +117,18 @@ def test_every_mapping_was_read_from_a_recorded_version(framework):
     recorded = set().union(*(f["names"] for f in FIXTURES.values() if f["framework"] == framework))
     missing = set(metric_map.FRAMEWORK_MAPS[framework]) - recorded
     assert not missing, f"no recorded {framework} version logs {sorted(missing)}"
+
+
+def test_the_stability_review_shows_every_frameworks_mismatch(tmp_path, user, experiment):
+    from django.test import Client
+
+    for name in sorted(FIXTURES):
+        _import(name, FIXTURES[name], tmp_path, user, experiment)
+    browser = Client()
+    browser.force_login(user)
+    table = browser.get("/stability/table", {"experiment": experiment.pk}).json()
+    rows = {row["variant"]: row for row in table["rows"]}
+    for name in FIXTURES:
+        assert rows[name]["kl_kind"] == MISMATCH_KEY[name], name
+        assert rows[name]["kl_k3_x1e3"] is not None, name
+        assert rows[name]["collapse_step"] == str(COLLAPSE_AT), name
