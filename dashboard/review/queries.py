@@ -54,6 +54,18 @@ def variant_of(run: Run) -> str:
     return run.variant or run.preset or f"run {run.pk}"
 
 
+def parents_of(run_ids: Sequence[int]) -> dict[int, int]:
+    """{run id: its parent's id} of the nested runs among ``run_ids`` (MLflow's
+    mlflow.parentRunId, lab/tracking); one query."""
+    from lab.tracking.models import TrackedRun
+
+    return dict(
+        TrackedRun.objects.filter(run_id__in=list(run_ids), parent__isnull=False).values_list(
+            "run_id", "parent_id"
+        )
+    )
+
+
 def runs_in_order(ids: Sequence[int]) -> list[Run]:
     """The runs with these ids, in the order given (unknown ids are skipped); one query."""
     by_id = {

@@ -23,6 +23,7 @@ from dashboard.web.views import (
     queue,
     review,
     run_pages,
+    runs_table,
     stability_page,
     variant_pages,
 )
@@ -54,6 +55,10 @@ urlpatterns = [
     path("experiments/", forms.experiment_list, name="experiments"),
     path("experiments/<int:experiment_id>/", variant_pages.experiment_detail, name="experiment"),
     path("experiments/<int:pk>/sharing", forms.experiment_sharing, name="experiment_sharing"),
+    path("experiments/<int:experiment_id>/table", runs_table.runs_table, name="runs_table"),
+    path(
+        "experiments/<int:experiment_id>/parallel", runs_table.runs_parallel, name="runs_parallel"
+    ),
     path("experiments/<int:pk>/runs/new", forms.run_new, name="run_new"),
     path("experiments/<int:pk>/sweeps/new", forms.sweep_new, name="sweep_new"),
     path(

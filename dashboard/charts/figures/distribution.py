@@ -43,17 +43,41 @@ def distribution_bands(steps: Sequence[int], vectors: Sequence[Any], title: str)
         opacity = 0.15 + 0.15 * depth
         name = f"{percents[lo]:g}-{percents[hi]:g}%"
         traces.append(
-            {"type": "scatter", "x": x, "y": values[:, lo], "mode": "lines",
-             "line": {"width": 0}, "showlegend": False, "hoverinfo": "skip", "legendgroup": name}
-        )  # fmt: skip
+            {
+                "type": "scatter",
+                "x": x,
+                "y": values[:, lo],
+                "mode": "lines",
+                "line": {"width": 0},
+                "showlegend": False,
+                "hoverinfo": "skip",
+                "legendgroup": name,
+            }
+        )
         traces.append(
-            {"type": "scatter", "x": x, "y": values[:, hi], "mode": "lines", "fill": "tonexty",
-             "fillcolor": f"rgba({BAND_COLOR},{opacity:.2f})", "line": {"width": 0},
-             "name": name, "legendgroup": name, "hovertemplate": f"{name}: %{{y:.4g}}<extra></extra>"}
-        )  # fmt: skip
+            {
+                "type": "scatter",
+                "x": x,
+                "y": values[:, hi],
+                "mode": "lines",
+                "fill": "tonexty",
+                "fillcolor": f"rgba({BAND_COLOR},{opacity:.2f})",
+                "line": {"width": 0},
+                "name": name,
+                "legendgroup": name,
+                "hovertemplate": f"{name}: %{{y:.4g}}<extra></extra>",
+            }
+        )
     median = percents.index(50.0)
     traces.append(
-        {"type": "scatter", "x": x, "y": values[:, median], "mode": "lines", "name": "median",
-         "line": {"color": f"rgb({BAND_COLOR})", "width": 1.6}, "hovertemplate": "median %{y:.4g}<extra></extra>"}
-    )  # fmt: skip
+        {
+            "type": "scatter",
+            "x": x,
+            "y": values[:, median],
+            "mode": "lines",
+            "name": "median",
+            "line": {"color": f"rgb({BAND_COLOR})", "width": 1.6},
+            "hovertemplate": "median %{y:.4g}<extra></extra>",
+        }
+    )
     return go.Figure(data=traces, layout=layout, _validate=False)

@@ -50,10 +50,14 @@ def x_axis_links(current: str, url_of: Callable[[str | None], str]) -> list[dict
     mode's title, the page's URL with it (``url_of(None)`` for steps, the default)
     and whether it is the one shown."""
     return [
-        {"mode": mode, "title": X_MODE_TITLES[mode], "url": url_of(None if mode == "step" else mode),
-         "current": mode == current}
+        {
+            "mode": mode,
+            "title": X_MODE_TITLES[mode],
+            "url": url_of(None if mode == "step" else mode),
+            "current": mode == current,
+        }
         for mode in X_MODES
-    ]  # fmt: skip
+    ]
 
 
 def chart_entry(chart_id_: str, url: str, title: str = "") -> dict[str, str]:

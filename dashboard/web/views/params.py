@@ -228,6 +228,38 @@ class RunPageQuery(Query):
     x: XAxis = "step"
 
 
+def _columns(limit: int) -> Any:
+    def check(value: Any) -> list[str]:
+        names = list(dict.fromkeys(comma_separated(value)))
+        if len(names) > limit or any(len(n) > 250 for n in names):
+            raise ValueError(f"at most {limit} columns of up to 250 characters")
+        return names
+
+    return Annotated[list[str], BeforeValidator(check)]
+
+
+class RunsTableQuery(Query):
+    """An experiment's runs table and its parallel coordinates: the hyperparameter and
+    metric columns (``params=a,b&metrics=x,y``; none given: the defaults), an MLflow
+    search filter, the sort column (``param:<key>``, ``metric:<key>`` or a fixed one)
+    and order, the metric the parallel lines are coloured by, a CSV download."""
+
+    params: _columns(12) = []
+    metrics: _columns(12) = []
+    filter: Annotated[str, _trimmed(2000)] = ""
+    sort: Annotated[str, _trimmed(260)] = "run"
+    order: one_of("asc", "desc") = "asc"
+    color: Annotated[str, _trimmed(250)] = ""
+    format: one_of("", "csv") = ""
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, value: list[str]) -> list[str]:
+        if not all(METRIC_KEY_RE.match(k) for k in value):
+            raise ValueError("metrics must be metric keys, e.g. metrics=reward/mean")
+        return value
+
+
 class VariantPageQuery(Query):
     band: one_of("minmax", "std") = "minmax"
 
