@@ -88,7 +88,7 @@ def _launch(
     run_dir = out / f"ranks{ranks}"
     trainer = ["-m", "bench.step_clock", str(run_dir / "cpu"), "run", "--preset", args.preset,
                "--out", str(run_dir)]  # fmt: skip
-    cmd = launch_command(trainer, ranks=ranks)  # torchrun --standalone for several ranks
+    cmd = launch_command(trainer, ranks_per_node=ranks)  # torchrun --standalone for several ranks
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if cache is not None:
         env["MOE_LAB_CACHE"] = str(cache)

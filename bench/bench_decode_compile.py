@@ -55,8 +55,8 @@ def _engine(model: dict, backend: str) -> RolloutEngine:
 def _ready(engine: RolloutEngine, rows: int):
     """Cache, rope table and decode state of a rollout of ``rows`` x (PROMPT + NEW)."""
     total = PROMPT + NEW
-    engine._static_cache(rows, total)
-    engine._rope_table(total)
+    engine.forward_pass.static_cache(rows, total)
+    engine.forward_pass.rope_table(total)
     zero_cache(engine)
     mask = torch.ones((rows, PROMPT), dtype=torch.bool)
     n_real, key_bias = engine._decode_state(mask, total)

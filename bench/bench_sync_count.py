@@ -127,7 +127,7 @@ def decode_step_syncs(ctx) -> int:
     engine.generate(prompts, mask, max_new_tokens=2, temperature=1.0, eos_id=None)
     with torch.inference_mode(), count_syncs() as count:
         n_real, key_bias = engine._decode_state(mask, 8)
-        engine._decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], None)
+        engine.forward_pass.decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], None)
     return count.total
 
 

@@ -193,10 +193,12 @@ def save_char_tokenizer(folder: Path, characters: str | None = None) -> None:
     """A character-level tokenizer.json (+ tokenizer_config.json) covering the
     lab's task alphabet (or ``characters``), made with the ``tokenizers``
     library: <pad>, <bos>, <eos>, then one token per character (the
-    checkpoint's vocabulary is larger; the extra ids decode to nothing)."""
+    checkpoint's vocabulary is larger; the extra ids decode to nothing). Its
+    post-processor prepends <bos>, as Llama's does: ``tokenizer(prompt)`` starts
+    with BOS in transformers and in the lab alike."""
     import json
 
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     from trainer.tasks.tokenizer import CHARACTERS
 
@@ -206,6 +208,9 @@ def save_char_tokenizer(folder: Path, characters: str | None = None) -> None:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(["<pad>", "<bos>", "<eos>"])  # matched in text, as real tokenizers do
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", 1)]
+    )
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": "<bos>", "eos_token": {"content": "<eos>"}, "pad_token": "<pad>"}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
@@ -222,3 +227,49 @@ def word_problem_characters() -> str:
         for row in map(json.loads, (SHIPPED_DATA / "word_problems.jsonl").read_text().splitlines())
     )
     return "".join(sorted(set(text)))
+
+
+def poisoned(clean: Path, folder: Path, tensor: str, value: float, index: int | None = 3) -> Path:
+    """A copy of checkpoint ``clean`` with element ``index`` of ``tensor`` (every
+    element: None) overwritten in place with ``value``."""
+    import shutil
+    import struct
+
+    import numpy as np
+
+    from trainer.hf.validate import read_safetensors_header
+
+    shutil.copytree(clean, folder)
+    file = folder / "model.safetensors"
+    entry = read_safetensors_header(file)[tensor]
+    encode = {
+        "F32": lambda: struct.pack("<f", value),
+        "F16": lambda: np.float16(value).tobytes(),
+        "BF16": lambda: struct.pack("<f", value)[2:],
+    }
+    raw = encode[entry.dtype]()
+    count = (entry.end - entry.begin) // len(raw)
+    with file.open("r+b") as f:
+        f.seek(entry.begin + (0 if index is None else index * len(raw)))
+        f.write(raw * (count if index is None else 1))
+    return folder
+
+
+def retyped(clean: Path, folder: Path, tensor: str) -> Path:
+    """A copy of checkpoint ``clean`` whose F32 ``tensor`` is stored as I32 (same bytes)."""
+    import json
+    import shutil
+    import struct
+
+    shutil.copytree(clean, folder)
+    file = folder / "model.safetensors"
+    data = file.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    assert header[tensor]["dtype"] == "F32"
+    header[tensor]["dtype"] = "I32"
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text)) if len(text) <= n else b""
+    assert len(text) == n
+    file.write_bytes(data[:8] + text + data[8 + n :])
+    return folder

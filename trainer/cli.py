@@ -7,8 +7,9 @@
     python -m trainer export RUN_DIR --step N --out DIR [--dtype bfloat16] [--replace]
 
 A bad config prints the offending field paths and exits with code 2 before
-anything is written. A run folder held by another trainer exits with code 73
-at once; an expired lease (the supervisor stopped renewing --lease-file)
+anything is written (into a run folder that exists already, the one the
+platform prepared, it leaves them as field_errors.json). A run folder held
+by another trainer exits with code 73 at once; an expired lease (the supervisor stopped renewing --lease-file)
 exits with code 76 without a checkpoint (trainer/run_folder/guard.py).
 """
 
@@ -26,7 +27,7 @@ from trainer.config import ConfigDeprecationWarning, ExperimentConfig, apply_ove
 from trainer.config.presets import list_presets, preset_dict
 from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
 from trainer.hf.loader import resolve_model_source
-from trainer.run_folder.files import EXIT_CODE_FILE
+from trainer.run_folder.files import EXIT_CODE_FILE, write_field_errors
 from trainer.run_folder.guard import (
     LEASE_EXPIRED_EXIT_CODE,
     RUN_DIR_BUSY_EXIT_CODE,
@@ -89,12 +90,16 @@ def check_launched_nodes(nodes: int, gpus: int) -> None:
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != nodes * gpus:
-        raise FieldError([(
-            "run.nodes",
-            f"{nodes} nodes x {gpus} ranks need torchrun --nnodes={nodes} "
-            f"--nproc_per_node={gpus} on every host (this process sees WORLD_SIZE={world}); "
-            "submit it to the platform's queue, which gang-schedules it, or set run.nodes=1",
-        )])  # fmt: skip
+        raise FieldError(
+            [
+                (
+                    "run.nodes",
+                    f"{nodes} nodes x {gpus} ranks need torchrun --nnodes={nodes} "
+                    f"--nproc_per_node={gpus} on every host (this process sees WORLD_SIZE={world}); "
+                    "submit it to the platform's queue, which gang-schedules it, or set run.nodes=1",
+                )
+            ]
+        )
 
 
 def _precision_list(text: str) -> list[str]:
@@ -181,14 +186,18 @@ def _parser() -> argparse.ArgumentParser:
         help="folder of exported bases to import (OUT/bases of a study)",
     )
     study.add_argument(
-        "--mps", choices=("auto", "on", "off"), default="auto",
+        "--mps",
+        choices=("auto", "on", "off"),
+        default="auto",
         help="CUDA MPS for runs packed on a GPU (auto: when several share one and the host has it)",
-    )  # fmt: skip
+    )
     study.add_argument("--dry", action="store_true", help="print the plan only: how many runs fit")
     study.add_argument(
-        "--rows", nargs="?", const="trainer/studies/measured/step_times.json",
+        "--rows",
+        nargs="?",
+        const="trainer/studies/measured/step_times.json",
         help="merge the measured rows of the --out folder into this rows file and stop",
-    )  # fmt: skip
+    )
     study.add_argument(
         "--device", help="the device kind the plan is for (e.g. 'NVIDIA H200'; default: this one)"
     )
@@ -358,14 +367,27 @@ def _dispatch(args: argparse.Namespace) -> int:
             from trainer.studies.study import run_study_cli
 
             return run_study_cli(
-                args.definition, Path(args.out), args.overrides, args.variants, args.seeds,
-                budget_s=args.budget_s, mps=args.mps, dry=args.dry, device=args.device,
+                args.definition,
+                Path(args.out),
+                args.overrides,
+                args.variants,
+                args.seeds,
+                budget_s=args.budget_s,
+                mps=args.mps,
+                dry=args.dry,
+                device=args.device,
                 rows=args.rows,
                 bases_dir=Path(args.bases_dir) if args.bases_dir else None,
-            )  # fmt: skip
+            )
     except FieldError as exc:
         print("invalid config:", file=sys.stderr)
         for path, msg in exc.errors:
             print(f"  {path or '(root)'}: {msg}", file=sys.stderr)
+        if args.command == "run":  # the platform's run form shows them at their fields
+            write_field_errors(Path(args.out), exc.errors)
         return BAD_INPUT_EXIT_CODE
+    except OSError as exc:  # a folder that cannot be written or read: say which, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     return 1

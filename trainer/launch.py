@@ -64,12 +64,14 @@ def torchrun_command(
 def launch_command(
     args: Sequence[str],
     *,
-    ranks: int = 1,
+    ranks_per_node: int = 1,
     rendezvous: Rendezvous | None = None,
     python: str | None = None,
 ) -> list[str]:
     """``python ARGS`` for one rank on one host; torchrun (``torchrun_command``)
     for several ranks or any launch over several hosts."""
-    if ranks > 1 or rendezvous is not None:
-        return torchrun_command(args, nproc_per_node=ranks, rendezvous=rendezvous, python=python)
+    if ranks_per_node > 1 or rendezvous is not None:
+        return torchrun_command(
+            args, nproc_per_node=ranks_per_node, rendezvous=rendezvous, python=python
+        )
     return [python or sys.executable, *args]

@@ -44,7 +44,8 @@ MISMATCH_SDI = "mismatch/sdi"  # mean over sequences of share of mismatched toke
 MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY = "mismatch/effective_routing_inconsistency"
 
 # experts
-EXPERTS_LOAD_PREFIX = "experts/load/L"  # + layer index -> list[float] of length E
+# + the model's block index (a model with dense blocks logs only its MoE ones)
+EXPERTS_LOAD_PREFIX = "experts/load/L"  # -> list[float] of length E
 
 
 def experts_load(layer: int) -> str:
@@ -55,6 +56,12 @@ EXPERTS_UTILIZATION = "experts/utilization"
 EXPERTS_MAX_VIOLATION = "experts/max_violation"
 EXPERTS_ROUTER_ENTROPY = "experts/router_entropy"
 ROUTER_TEMPERATURE = "router/temperature"
+# The routers' selection bias (auxiliary-loss-free balancing, Wang et al. 2024;
+# DeepSeek-V3's e_score_correction_bias) after the step's update: the mean over MoE
+# layers of mean_e |b_e| and of max_e b_e - min_e b_e. Logged while the stabilizer
+# trains it (stabilizers.balance.aux_free_bias) or the model carries one.
+ROUTER_SELECTION_BIAS_ABS_MEAN = "router/selection_bias_abs_mean"
+ROUTER_SELECTION_BIAS_SPREAD = "router/selection_bias_spread"
 
 # policy / value
 POLICY_LOSS = "policy/loss"
@@ -153,6 +160,8 @@ SCALAR_KEYS: tuple[str, ...] = (
     EXPERTS_MAX_VIOLATION,
     EXPERTS_ROUTER_ENTROPY,
     ROUTER_TEMPERATURE,
+    ROUTER_SELECTION_BIAS_ABS_MEAN,
+    ROUTER_SELECTION_BIAS_SPREAD,
     POLICY_LOSS,
     POLICY_KL_REF,
     POLICY_ENTROPY,
@@ -301,78 +310,131 @@ KL_SCALE = 1e3
 _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(REWARD_MEAN, "mean reward", section=SECTION_REWARD),
     MetricSpec(
-        REWARD_ACCURACY, "accuracy (train batch)", SHARE,
-        section=SECTION_REWARD, experiment_page=True,
+        REWARD_ACCURACY,
+        "accuracy (train batch)",
+        SHARE,
+        section=SECTION_REWARD,
+        experiment_page=True,
     ),
     MetricSpec(
-        EVAL_ACCURACY, "accuracy (held-out, rollout engine)", SHARE,
-        section=SECTION_REWARD, experiment_page=True,
+        EVAL_ACCURACY,
+        "accuracy (held-out, rollout engine)",
+        SHARE,
+        section=SECTION_REWARD,
+        experiment_page=True,
     ),
     MetricSpec(
-        EVAL_ACCURACY_CLEAN, "accuracy (held-out, no engine gap)", SHARE,
-        section=SECTION_REWARD, experiment_page=True,
+        EVAL_ACCURACY_CLEAN,
+        "accuracy (held-out, no engine gap)",
+        SHARE,
+        section=SECTION_REWARD,
+        experiment_page=True,
     ),
     MetricSpec(RESPONSE_LENGTH_MEAN, "mean response length", "tokens"),
     MetricSpec(
-        MISMATCH_KL_K1, "training-inference KL (k1)", KL_UNIT,
-        section=SECTION_MISMATCH, scale=KL_SCALE,
+        MISMATCH_KL_K1,
+        "training-inference KL (k1)",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
     ),
     MetricSpec(
-        MISMATCH_KL_K3, "training-inference KL (k3)", KL_UNIT,
-        section=SECTION_MISMATCH, experiment_page=True, scale=KL_SCALE,
+        MISMATCH_KL_K3,
+        "training-inference KL (k3)",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        experiment_page=True,
+        scale=KL_SCALE,
     ),
     MetricSpec(MISMATCH_KL_K3_MAX, "largest per-sequence KL (k3)", KL_UNIT, scale=KL_SCALE),
     MetricSpec(
-        MISMATCH_LOGP_ABS_DIFF, "training-inference |log-prob difference|", KL_UNIT,
-        section=SECTION_MISMATCH, scale=KL_SCALE,
+        MISMATCH_LOGP_ABS_DIFF,
+        "training-inference |log-prob difference|",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
     ),
     MetricSpec(
-        MISMATCH_PROB_ABS_DIFF, "training-inference |probability difference|", KL_UNIT,
-        section=SECTION_MISMATCH, scale=KL_SCALE,
+        MISMATCH_PROB_ABS_DIFF,
+        "training-inference |probability difference|",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
     ),
     MetricSpec(
-        MISMATCH_EXTREME_TOKEN_FRAC, "extreme-token share", SHARE,
-        section=SECTION_MISMATCH, experiment_page=True,
+        MISMATCH_EXTREME_TOKEN_FRAC,
+        "extreme-token share",
+        SHARE,
+        section=SECTION_MISMATCH,
+        experiment_page=True,
     ),
     MetricSpec(
-        MISMATCH_ROUTING_INCONSISTENCY, "routing inconsistency", SHARE,
-        moe_only=True, section=SECTION_MISMATCH, experiment_page=True,
+        MISMATCH_ROUTING_INCONSISTENCY,
+        "routing inconsistency",
+        SHARE,
+        moe_only=True,
+        section=SECTION_MISMATCH,
+        experiment_page=True,
     ),
     MetricSpec(
-        MISMATCH_TOKEN_ANY_LAYER_FRAC, "tokens routed differently in any layer", SHARE,
+        MISMATCH_TOKEN_ANY_LAYER_FRAC,
+        "tokens routed differently in any layer",
+        SHARE,
         moe_only=True,
     ),
     MetricSpec(MISMATCH_SDI, "sequence disagreement index", SHARE, moe_only=True),
     MetricSpec(
-        MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY, MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY, SHARE,
+        MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY,
+        MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY,
+        SHARE,
         moe_only=True,
     ),
     MetricSpec(EXPERTS_UTILIZATION, "expert utilization", moe_only=True),
     MetricSpec(
-        EXPERTS_MAX_VIOLATION, "MaxVio",
-        moe_only=True, section=SECTION_BALANCE, experiment_page=True,
+        EXPERTS_MAX_VIOLATION,
+        "MaxVio",
+        moe_only=True,
+        section=SECTION_BALANCE,
+        experiment_page=True,
     ),
     MetricSpec(EXPERTS_ROUTER_ENTROPY, "router entropy", moe_only=True, section=SECTION_BALANCE),
     MetricSpec(
         ROUTER_TEMPERATURE, "router temperature", moe_only=True, section=SECTION_TEMPERATURE
     ),
+    MetricSpec(POLICY_GRAD_NORM, "gradient norm", section=SECTION_GRADIENTS, experiment_page=True),
     MetricSpec(
-        POLICY_GRAD_NORM, "gradient norm", section=SECTION_GRADIENTS, experiment_page=True
+        ROUTER_SELECTION_BIAS_ABS_MEAN,
+        "selection bias, mean |b|",
+        moe_only=True,
+        section=SECTION_BALANCE,
     ),
     MetricSpec(
-        GRADS_COS_POLICY_AUX, "cos(policy grad, aux grad)",
-        moe_only=True, section=SECTION_GRADIENTS,
+        ROUTER_SELECTION_BIAS_SPREAD,
+        "selection bias, max - min",
+        moe_only=True,
+        section=SECTION_BALANCE,
     ),
     MetricSpec(
-        GRADS_SURGERY_FRAC, "gradient-surgery share", SHARE,
-        moe_only=True, section=SECTION_GRADIENTS,
+        GRADS_COS_POLICY_AUX,
+        "cos(policy grad, aux grad)",
+        moe_only=True,
+        section=SECTION_GRADIENTS,
+    ),
+    MetricSpec(
+        GRADS_SURGERY_FRAC,
+        "gradient-surgery share",
+        SHARE,
+        moe_only=True,
+        section=SECTION_GRADIENTS,
     ),
     MetricSpec(POLICY_CLIP_FRAC, "PPO clip share", SHARE, section=SECTION_CLIPPING),
     MetricSpec(TIS_CLIP_FRAC, "TIS clip share", SHARE, section=SECTION_CLIPPING),
     MetricSpec(TIS_MASKED_FRAC, TIS_MASKED_FRAC, SHARE),
     MetricSpec(R3_REPLAYED_FRAC, R3_REPLAYED_FRAC, SHARE, moe_only=True),
     MetricSpec(
-        POLICY_CLIP_FRAC_FIRST, "clip share, first minibatch (engine gap only)", SHARE,
+        POLICY_CLIP_FRAC_FIRST,
+        "clip share, first minibatch (engine gap only)",
+        SHARE,
         section=SECTION_CLIPPING,
     ),
     MetricSpec(IS_CHI2_TOKEN, "chi-square, token (E[rho^2] - 1)", section=SECTION_ESTIMATOR),
@@ -383,10 +445,13 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(IS_SEQ_LOG_RATIO_MAX, "largest |sequence log-ratio|", section=SECTION_ESTIMATOR),
     MetricSpec(IS_SEQ_LOG_RATIO_MEAN, "mean sequence log-ratio"),
     MetricSpec(
-        POLICY_ROLLOUT_K3, "KL (k3) of the updated policy to the rollout", KL_UNIT,
-        section=SECTION_ESTIMATOR, scale=KL_SCALE,
+        POLICY_ROLLOUT_K3,
+        "KL (k3) of the updated policy to the rollout",
+        KL_UNIT,
+        section=SECTION_ESTIMATOR,
+        scale=KL_SCALE,
     ),
-)  # fmt: skip
+)
 
 # key -> spec. The dashboards read it at call time, so an added entry shows up
 # without any other change.

@@ -13,7 +13,6 @@ the run's first steps), ``summary`` (``collapsed``, ``collapse_step``, ``steps``
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from dashboard.charts.style import base_layout, color_of
+from trainer.analysis.run_record import RunRecord
 
 MIN_GAP_SPREAD = 0.01  # a panel needs MoE runs at (at least) two gaps a point apart
 
@@ -32,9 +32,9 @@ class EffectRow:
     p_holm: str
 
 
-def applies(records: Sequence[dict[str, Any]]) -> bool:
+def applies(records: Sequence[RunRecord]) -> bool:
     """The panel is shown when the MoE runs span a routing gap (a dose)."""
-    gaps = [r["gap"] for r in records if r["moe"]]
+    gaps = [r.gap for r in records if r.moe]
     return len(gaps) >= 2 and max(gaps) - min(gaps) >= MIN_GAP_SPREAD
 
 
@@ -47,7 +47,7 @@ def _hr(effect: dict[str, float] | None) -> str:
     )
 
 
-def effects(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def effects(records: Sequence[RunRecord]) -> dict[str, Any]:
     """Cox effects with Holm-adjusted p-values, exact bounds and the power statement."""
     from lifelines.exceptions import ConvergenceError
 
@@ -101,37 +101,32 @@ def effects(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"rows": rows, "power": power, "events": events, "moe_runs": len(moe)}
 
 
-def gap_scatter(
-    records: Sequence[dict[str, Any]], colors: dict[str, str] | None = None
-) -> go.Figure:
+def gap_scatter(records: Sequence[RunRecord], colors: dict[str, str] | None = None) -> go.Figure:
     """Each run at its routing gap (x, %) and its time to collapse (y): filled when
     it collapsed, open when censored at its last step; one colour per variant."""
     fig = go.Figure()
-    by_variant: dict[str, list[dict[str, Any]]] = {}
+    by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
-        by_variant.setdefault(record["variant"], []).append(record)
+        by_variant.setdefault(record.variant, []).append(record)
     for variant in sorted(by_variant):
         members = by_variant[variant]
         color = color_of(variant, colors)
         for collapsed, symbol in ((True, "circle"), (False, "circle-open")):
-            chosen = [m for m in members if bool(m["summary"]["collapsed"]) == collapsed]
+            chosen = [m for m in members if m.collapsed == collapsed]
             if not chosen:
                 continue
             fig.add_trace(
                 go.Scatter(
-                    x=[100 * m["gap"] for m in chosen],
-                    y=[
-                        m["summary"]["collapse_step"] if collapsed else m["summary"]["steps"]
-                        for m in chosen
-                    ],
+                    x=[100 * m.gap for m in chosen],
+                    y=[m.time for m in chosen],
                     mode="markers",
                     marker={"color": color, "symbol": symbol, "size": 9},
                     name=f"{variant} ({'collapsed' if collapsed else 'censored'})",
-                    text=[f"seed {m['seed']}, base {m['base']}" for m in chosen],
+                    text=[f"seed {m.seed}, base {m.base}" for m in chosen],
                     hovertemplate="%{text}<br>gap %{x:.1f}%<br>step %{y}<extra></extra>",
                 )
             )
-    steps = [r["summary"]["steps"] for r in records] or [1]
+    steps = [r.steps for r in records] or [1]
     layout = base_layout(
         title="Time to collapse against the routing gap",
         x_title="routing gap at the start (% of token-layer pairs)",
@@ -143,10 +138,3 @@ def gap_scatter(
     layout["yaxis"]["range"] = [0, 1.05 * max(steps)]
     fig.update_layout(**layout)
     return fig
-
-
-def mean_gap_by_variant(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    groups: dict[str, list[float]] = {}
-    for record in records:
-        groups.setdefault(record["variant"], []).append(record["gap"])
-    return {name: statistics.fmean(values) for name, values in groups.items()}

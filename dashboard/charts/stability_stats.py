@@ -52,8 +52,11 @@ def reference_of(rows: Sequence[StabilityRow], chosen: str | None = None) -> str
         return chosen
     if REFERENCE_VARIANT in names:
         return REFERENCE_VARIANT
-    dosed = [(DOSE_LEVELS.index(parts[1]), name) for name in names
-             if (parts := split_dose_name(name)) is not None]  # fmt: skip
+    dosed = [
+        (DOSE_LEVELS.index(parts[1]), name)
+        for name in names
+        if (parts := split_dose_name(name)) is not None
+    ]
     return min(dosed)[1] if dosed else names[0]
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from django.conf import settings
 from django.db.models import QuerySet
+from pydantic import ValidationError
 
 from dashboard.charts.aggregate import Series
 from dashboard.charts.figures import CollapseMarker
@@ -26,6 +26,8 @@ from lab.experiments.models import Experiment
 from lab.runs.metrics.read import RunSeries, last_metric_steps, metric_series_many
 from lab.runs.models import Run
 from trainer import metric_keys as mk
+from trainer.analysis.run_record import GAP_STEPS, RunRecord, mean_gap
+from trainer.config import ExperimentConfig
 from trainer.run_folder.files import LOG_FILE
 
 LOG_TAIL_BYTES = 16 * 1024
@@ -160,37 +162,25 @@ def outcomes_for(runs: Sequence[Run]) -> list[RunOutcome]:
     return [o for r in runs if (o := run_outcome(r, last.get(r.pk))) is not None]
 
 
-def causal_records(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """The causal panel's run records (``dashboard.charts.causal``), one metrics query: each
-    finished or collapsed run's routing gap over its first steps (natural top-k
-    of training vs the rollout engine), architecture, replay and base."""
-    from trainer.analysis.survival import GAP_STEPS
-
+def run_records(runs: Sequence[Run]) -> list[RunRecord]:
+    """The causal panel's run records (``trainer.analysis.run_record.RunRecord``), one
+    metrics query: each judged run's config and outcome, and its routing gap over
+    its first steps (natural top-k of training vs the rollout engine). A run not
+    judged yet (no outcome) or whose stored config no longer validates is left out."""
     data = series_for(runs, [mk.MISMATCH_ROUTING_INCONSISTENCY], end=GAP_STEPS - 1)
     records = []
     for run in runs:
         summary = run.summary or {}
         if "collapsed" not in summary or summary.get("steps") is None:
             continue  # not judged yet: no time and no event
-        config = run.config or {}
+        try:
+            cfg = ExperimentConfig.model_validate(run.config or {})
+        except ValidationError:
+            continue
         _, values = series_of(data[run.pk], mk.MISMATCH_ROUTING_INCONSISTENCY)
         gap = np.asarray(values, dtype=float)
-        finite = gap[np.isfinite(gap)]
-        records.append(
-            {
-                "variant": variant_of(run),
-                "seed": run.seed,
-                "base": (config.get("warm_start") or {}).get("seed", 0),
-                "moe": (config.get("model") or {}).get("n_experts", 0) > 0,
-                "r3": ((config.get("stabilizers") or {}).get("replay") or {}).get("mode") == "r3",
-                "gap": float(finite.mean()) if finite.size else 0.0,
-                "summary": {
-                    "collapsed": bool(summary.get("collapsed")),
-                    "collapse_step": summary.get("collapse_step"),
-                    "steps": summary.get("steps"),
-                },
-            }
-        )
+        gap = mean_gap(gap[np.isfinite(gap)].tolist())
+        records.append(RunRecord.of(cfg, summary, variant=variant_of(run), gap=gap))
     return records
 
 

@@ -25,6 +25,7 @@ from dashboard.web.views import (
     run_pages,
     runs_table,
     stability_page,
+    sweep_builder,
     variant_pages,
 )
 
@@ -60,7 +61,7 @@ urlpatterns = [
         "experiments/<int:experiment_id>/parallel", runs_table.runs_parallel, name="runs_parallel"
     ),
     path("experiments/<int:pk>/runs/new", forms.run_new, name="run_new"),
-    path("experiments/<int:pk>/sweeps/new", forms.sweep_new, name="sweep_new"),
+    path("experiments/<int:pk>/sweeps/new", sweep_builder.sweep_new, name="sweep_new"),
     path(
         "experiments/<int:experiment_id>/chart", endpoints.experiment_chart, name="experiment_chart"
     ),
@@ -68,7 +69,10 @@ urlpatterns = [
     # sweeps
     path("sweeps/<int:sweep_id>/", variant_pages.sweep_detail, name="sweep"),
     path("sweeps/<int:sweep_id>/chart", endpoints.sweep_chart, name="sweep_chart"),
-    path("sweeps/<int:pk>/cancel", actions.sweep_cancel, name="sweep_cancel"),
+    path("sweeps/<int:pk>/cancel", actions.sweep_action, {"action": "cancel"}, name="sweep_cancel"),
+    path("sweeps/<int:pk>/pause", actions.sweep_action, {"action": "pause"}, name="sweep_pause"),
+    path("sweeps/<int:pk>/resume", actions.sweep_action, {"action": "resume"}, name="sweep_resume"),
+    path("sweeps/<int:pk>/clear", actions.sweep_action, {"action": "clear"}, name="sweep_clear"),
     # compare and saved comparisons
     path("compare/", compare_pages.compare, name="compare"),
     path("compare/chart", endpoints.compare_chart, name="compare_chart"),

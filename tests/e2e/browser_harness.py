@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from playwright.sync_api import Browser, BrowserContext, Page, Route, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
 
 CHROMIUM = os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -151,3 +151,13 @@ def open_form_field(page: Page, path: str):
     if not section.evaluate("el => el.open"):
         section.locator("summary").first.click()
     return field
+
+
+def log_in_as_the_demo_user(page: Page, lab) -> None:
+    """The login page, as a newcomer after `make up`: the demo user and the
+    password ``lab.demo_password`` (lab_up's ``_demo_user``), on ``lab.url``."""
+    page.goto(f"{lab.url}/")
+    page.get_by_label("Username").fill("demo")
+    page.get_by_label("Password").fill(lab.demo_password)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Experiments")).to_be_visible()

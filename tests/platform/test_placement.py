@@ -55,7 +55,7 @@ def test_worker_capacity_from_environment(
     settings.LAB_WORKER_CPU_SLOTS = 2
     owns = capacity.this_worker()
     assert (owns.gpus, owns.devices) == (gpus, devices)
-    assert owns.ranks == (gpus or 2)
+    assert owns.ranks_per_node == (gpus or 2)
 
 
 def _held_elsewhere(lock_dir, device: str):
@@ -127,10 +127,12 @@ def test_run_gpus_comes_from_its_config(user, experiment, queue):
 def test_a_worker_claims_only_runs_that_fit_it(user, experiment, queue):
     big = _submit(user, experiment, queue, gpus=4)  # first in the queue
     small = _submit(user, experiment, queue, gpus=1)
-    claim = jobs.claim_next(queue, worker_host="one-gpu", gpu_index="3", max_ranks=1)
+    claim = jobs.claim_next(queue, worker_host="one-gpu", gpu_index="3", max_ranks_per_node=1)
     assert claim.run_id == small.pk  # the big run is skipped, not blocked on
-    assert jobs.claim_next(queue, worker_host="one-gpu", max_ranks=1) is None
-    claim = jobs.claim_next(queue, worker_host="eight", gpu_index="0,1,2,3,4,5,6,7", max_ranks=8)
+    assert jobs.claim_next(queue, worker_host="one-gpu", max_ranks_per_node=1) is None
+    claim = jobs.claim_next(
+        queue, worker_host="eight", gpu_index="0,1,2,3,4,5,6,7", max_ranks_per_node=8
+    )
     assert claim.run_id == big.pk
     big.refresh_from_db()
     assert big.worker_host == "eight" and big.gpu_index == "0,1,2,3"  # the devices it uses
@@ -185,14 +187,14 @@ def test_a_gang_waits_for_enough_live_workers(user, experiment, queue):
     assert waiting_reason(run).startswith(
         f"needs 2 workers with 1 rank each at once; 1 live worker on {queue}"
     )
-    claim = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks=1)
+    claim = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks_per_node=1)
     assert not gang.lead(claim.run_id, claim.attempt, f"a-{queue}")
     run.refresh_from_db()
     # Undone, not spent: back in the queue for the reconciler's next wake-up. The
     # allowance grows instead of the attempt number going back: the next claim
     # takes attempt 2, so every claim has its own fencing token.
     assert (run.status, run.attempts, run.max_attempts, run.published_at) == ("queued", 1, 4, None)
-    again = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks=1)
+    again = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks_per_node=1)
     assert again.attempt == 2
 
 
@@ -200,16 +202,16 @@ def test_gang_lead_join_and_release(user, experiment, queue, django_capture_on_c
     run = _gang_run(user, experiment, queue, nodes=3)
     for name in "abc":
         _register(f"{name}-{queue}", queue)
-    claim = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks=1)
+    claim = jobs.claim_next(queue, worker_host=f"a-{queue}", max_ranks_per_node=1)
     with django_capture_on_commit_callbacks(execute=False) as woken:
         assert gang.lead(claim.run_id, claim.attempt, f"a-{queue}")
     assert len(woken) == 2  # one wake-up per missing member
-    assert gang.join(queue, worker_host=f"a-{queue}", max_ranks=1) is None  # already in
-    assert gang.join(queue, worker_host=f"b-{queue}", max_ranks=1) == (run.pk, 1, 1)
+    assert gang.join(queue, worker_host=f"a-{queue}", max_ranks_per_node=1) is None  # already in
+    assert gang.join(queue, worker_host=f"b-{queue}", max_ranks_per_node=1) == (run.pk, 1, 1)
     assert not gang.assembled(run.pk, 1)
-    assert gang.join(queue, worker_host=f"c-{queue}", max_ranks=1) == (run.pk, 1, 2)
+    assert gang.join(queue, worker_host=f"c-{queue}", max_ranks_per_node=1) == (run.pk, 1, 2)
     assert gang.assembled(run.pk, 1)
-    assert gang.join(queue, worker_host=f"d-{queue}", max_ranks=1) is None  # complete
+    assert gang.join(queue, worker_host=f"d-{queue}", max_ranks_per_node=1) is None  # complete
     run.refresh_from_db()
     host, port = run.rdzv_endpoint.rsplit(":", 1)
     assert host  # LAB_RDZV_HOST: where the other members reach the store
@@ -224,10 +226,10 @@ def test_gang_lead_join_and_release(user, experiment, queue, django_capture_on_c
     assert run.status == "queued" and run.max_attempts == 4  # the release is not counted
     assert not jobs.heartbeat(jobs.Claim(run.pk, 1, node=1))  # members stop their trainers
     # The next attempt's gang starts empty: nobody joins the old one.
-    claim = jobs.claim_next(queue, worker_host=f"b-{queue}", max_ranks=1)
-    assert gang.join(queue, worker_host=f"c-{queue}", max_ranks=1) is None
+    claim = jobs.claim_next(queue, worker_host=f"b-{queue}", max_ranks_per_node=1)
+    assert gang.join(queue, worker_host=f"c-{queue}", max_ranks_per_node=1) is None
     assert gang.lead(claim.run_id, claim.attempt, f"b-{queue}")
-    assert gang.join(queue, worker_host=f"c-{queue}", max_ranks=1) == (run.pk, 2, 1)
+    assert gang.join(queue, worker_host=f"c-{queue}", max_ranks_per_node=1) == (run.pk, 2, 1)
 
 
 def test_the_ranks_exit_code_is_read_from_the_run_folder(tmp_path):
@@ -280,7 +282,7 @@ def test_workers_sharing_a_gpu_each_hold_their_own_slot_and_memory_share(slot_ho
     others = [_slot_held_elsewhere(slot_host, "0", slot) for slot in (0, 1)]
     owns = capacity.this_worker()
     assert (owns.devices, owns.slot, owns.slots, owns.memory_share) == (("0",), 2, 4, 0.25)
-    assert owns.ranks == 1  # a slot trains single-GPU runs
+    assert owns.ranks_per_node == 1  # a slot trains single-GPU runs
     assert capacity.this_worker().slot == 2  # its own lease for life, not a new slot
     env = owns.trainer_environment(1)
     assert env == {"CUDA_VISIBLE_DEVICES": "0", "MOE_LAB_GPU_MEMORY_SHARE": "0.250000"}

@@ -18,7 +18,7 @@ MAX_QUERIES = 8  # session/auth, count, page, positions (+ savepoints): never pe
 
 def _fill(user, experiment, n: int) -> list[Run]:
     """``n`` runs over two queues: a fifth running, the rest queued, mixed priorities,
-    some with the same creation time (they share a place)."""
+    some with the same creation time (their ids order them, as a worker claims them)."""
     template = submit_tiny_run(user, experiment)
     now = timezone.now()
     runs = []
@@ -67,7 +67,10 @@ def test_bulk_positions_equal_one_run_positions(user, experiment):
     runs = _fill(user, experiment, 60)
     bulk = queue_positions(runs)
     assert bulk == {r.pk: queue_position(r) for r in runs if r.status == RunStatus.QUEUED}
-    assert len(set(bulk.values())) < len(bulk)  # ties at equal priority and time exist
+    # Each queue's places are 1..n with no tie: the claim order (priority, age, id).
+    for queue in ("cpu", "gpu-a100"):
+        places = sorted(bulk[r.pk] for r in runs if r.pk in bulk and r.queue == queue)
+        assert places == list(range(1, len(places) + 1))
 
 
 def test_queue_api_is_paginated_with_a_bounded_limit(api, user, experiment):

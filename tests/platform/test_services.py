@@ -82,10 +82,10 @@ def test_cancel_queued_run_never_starts(user, experiment):
 def test_cancel_running_run_sets_the_flag_the_worker_polls(user, experiment):
     run = submit_tiny_run(user, experiment)
     claim = jobs.claim_run(run.pk, worker_host="w1")
-    assert not jobs.cancel_requested(claim)
+    assert jobs.stop_requested(claim) == ""
     run = lifecycle.cancel_run(run, user=user)
     assert run.status == RunStatus.RUNNING
-    assert jobs.cancel_requested(claim)
+    assert jobs.stop_requested(claim) == "cancel"
 
 
 def test_only_owner_or_staff_cancel_or_delete(user, other_user, staff_user, experiment):

@@ -240,6 +240,51 @@ def test_sweep_builder_previews_then_creates(browser, experiment):
     data.update(values_1="grpo", action="create")
     assert browser.post(url, data).status_code == 302
     assert Run.objects.count() == 6
+    assert set(Run.objects.values_list("priority", flat=True)) == {lifecycle.DEFAULT_PRIORITY}
+
+
+FIVE_FIELDS = {
+    "stabilizers.replay.mode": "none, r3", "algorithm.name": "grpo", "optim.lr": "0.001",
+    "run.steps": "3", "rollout.group_size": "4, 8",
+}  # fmt: skip
+
+
+def test_the_sweep_builder_takes_any_number_of_fields_and_a_priority(browser, experiment):
+    url = f"/experiments/{experiment.pk}/sweeps/new"
+    opened = browser.get(url).content.decode()
+    assert 'name="field_1"' in opened and 'name="field_2"' not in opened  # two rows to start
+    assert 'id="add-grid-row"' in opened and 'name="priority" value="1"' in opened
+    data = {"seeds": "0", "queue": "cpu", "priority": "4", "action": "preview"}
+    for i, (field, values) in enumerate(FIVE_FIELDS.items()):
+        data[f"field_{i + 3}"], data[f"values_{i + 3}"] = field, values  # gaps are fine
+    page = browser.post(url, data).content.decode()
+    assert "<b>4 runs</b>" in page, page
+    assert 'name="field_5"' in page  # the five rows, renumbered, and a blank one
+    assert 'name="priority" value="4"' in page
+    data["action"] = "create"
+    assert browser.post(url, data).status_code == 302
+    runs = Run.objects.all()
+    assert runs.count() == 4 and {r.priority for r in runs} == {4}
+    assert {r.config["optim"]["lr"] for r in runs} == {0.001}
+
+
+@pytest.mark.parametrize(
+    "rows, words",
+    [
+        ({"field_0": "run.steps", "values_0": "3", "field_1": "run.steps", "values_1": "4"},
+         "grid.run.steps: chosen in two rows"),
+        ({"values_0": "3, 4"}, "grid: a row has values (3, 4) but no field"),
+        ({"field_0": "run.steps", "values_0": "3", "priority": "high"},
+         "priority: priority must be an integer from 0 to 9"),
+        ({"field_0": "run.steps", "values_0": "3", "priority": "7"}, "priority: priority 7 needs staff"),
+        ({f"field_{i}": "run.steps" for i in range(400)}, "grid: at most"),
+    ],
+)  # fmt: skip
+def test_the_sweep_builder_names_a_bad_row_or_priority(browser, experiment, rows, words):
+    url = f"/experiments/{experiment.pk}/sweeps/new"
+    page = browser.post(url, {"seeds": "0", "action": "create", **rows})
+    assert page.status_code == 200 and words in page.content.decode()
+    assert Run.objects.count() == 0
 
 
 def test_user_text_is_escaped(browser, user, run):

@@ -30,7 +30,8 @@ from trainer.run_folder.files import LOG_FILE, SUMMARY_FILE
 
 # argv: run_dir, mode. "direct": the stop signal reached the trainer with the
 # worker's (it stops at once); "passed_on": the trainer waits for the supervisor's
-# SIGTERM; "outside": only the trainer was signalled, the worker stays up.
+# SIGTERM; "outside": only the trainer was signalled, the worker stays up;
+# "waits": it trains until the supervisor stops it (a cancel or a pause).
 FAKE_TRAINER = """
 import json, os, signal, sys, time
 from pathlib import Path
@@ -44,9 +45,9 @@ def stop(*_):
 
 signal.signal(signal.SIGTERM, stop)
 print("warm start step 10/40: loss 2.0  held-out accuracy 0.000", flush=True)
-if mode != "outside":
+if mode in ("direct", "passed_on"):
     os.kill(os.getppid(), signal.SIGUSR1)  # the worker's shutdown signal
-if mode != "passed_on":
+if mode in ("direct", "outside"):
     stop()
 time.sleep(60)
 """
@@ -133,3 +134,21 @@ def test_a_cancel_is_still_a_cancel(worker, user, experiment, tmp_path, monkeypa
     Run.objects.filter(pk=run.pk).update(cancel_requested=True)
     assert supervisor.execute_claim(claim) == RunStatus.CANCELLED
     assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
+
+
+def test_a_paused_run_stops_and_waits_paused_with_its_attempt_given_back(
+    worker, user, experiment, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Its sweep was paused while it trained: the supervisor stops the trainer, and
+    the run comes back queued, held (no worker claims it) and unspent."""
+    run, claim = _claimed_run(user, experiment, tmp_path, monkeypatch, "waits")
+    allowance = Run.objects.get(pk=run.pk).max_attempts
+    Run.objects.filter(pk=run.pk).update(paused=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert supervisor.execute_claim(claim) == "paused"
+    back = Run.objects.get(pk=run.pk)
+    assert back.status == RunStatus.QUEUED and back.paused and back.waits_paused
+    assert back.max_attempts == allowance + 1  # not spent
+    assert "its sweep was paused" in back.error and "cancel" not in back.error.lower()
+    assert jobs.claim_run(run.pk, worker_host="w2") is None  # held
+    assert jobs.claim_next(run.queue, worker_host="w2") is None

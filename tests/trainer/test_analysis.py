@@ -10,13 +10,13 @@ import pytest
 from trainer import metric_keys as K
 from trainer.analysis.intervals import bca_interval, holm, t_interval
 from trainer.analysis.power import Design, power, simulate_study
+from trainer.analysis.run_record import RunRecord, run_gap
 from trainer.analysis.survival import (
     GAP_UNIT,
     architecture_model,
     dose_model,
     lead_lag_frame,
     lead_lag_model,
-    run_gap,
     run_table,
 )
 from trainer.studies.calibration import balance_of
@@ -80,15 +80,18 @@ def _run(variant, seed, base, moe, r3, gap, time, event, steps=150):
         {"step": s, K.MISMATCH_ROUTING_INCONSISTENCY: gap, K.MISMATCH_KL_K3: 1e-3 * (1 + gap)}
         for s in range(steps)
     ]
-    return {
-        "variant": variant,
-        "seed": seed,
-        "base": base,
-        "moe": moe,
-        "r3": r3,
-        "rows": rows,
-        "summary": {"collapsed": event, "collapse_step": time if event else None, "steps": steps},
-    }
+    return RunRecord(
+        variant=variant,
+        seed=seed,
+        base=base,
+        moe=moe,
+        r3=r3,
+        gap=run_gap(rows),
+        collapsed=bool(event),
+        collapse_step=time if event else None,
+        steps=steps,
+        rows=rows,
+    )
 
 
 def test_run_gap_is_the_mean_routing_inconsistency_of_the_first_steps():
@@ -133,7 +136,7 @@ def test_architecture_model_compares_moe_and_dense_at_zero_gap():
 
 def test_lead_lag_frame_is_time_matched_and_lagged():
     run = _run("moe", 0, 0, True, False, 0.2, 8, True, steps=20)
-    run["rows"][2][K.MISMATCH_KL_K3] = 0.1
+    run.rows[2][K.MISMATCH_KL_K3] = 0.1
     frame = lead_lag_frame([run], lag=5)
     # steps 5..8 at risk (the run ends at its collapse step 8), event on step 8 only
     assert frame["stop"].tolist() == [5, 6, 7, 8]
@@ -155,11 +158,11 @@ def test_lead_lag_model_detects_a_signal_that_precedes_collapse():
             rows.append({"step": s, K.MISMATCH_KL_K3: k3, K.MISMATCH_ROUTING_INCONSISTENCY: 0.1})
         end = spike + 8 if spike is not None else None
         runs.append(
-            {
-                "rows": rows,
-                "summary": {"collapsed": end is not None, "collapse_step": end, "steps": steps},
-            }
-        )
+            RunRecord(
+                variant="moe", seed=seed, base=0, moe=True, r3=False, gap=run_gap(rows),
+                collapsed=end is not None, collapse_step=end, steps=steps, rows=rows,
+            )
+        )  # fmt: skip
     model = lead_lag_model(runs, lag=5)
     assert model["events"] == 20
     assert model["k3_per_decade"]["hr"] > 3 and model["k3_per_decade"]["p"] < 0.01
@@ -249,7 +252,18 @@ def test_paired_contrasts_against_the_reference_cell_by_hand():
             {"step": 1},
             {"step": 2, K.EVAL_ACCURACY: last},
         ]
-        return {"variant": variant, "seed": seed, "rows": rows}
+        return RunRecord(
+            variant=variant,
+            seed=seed,
+            base=0,
+            moe=True,
+            r3=False,
+            gap=0.0,
+            collapsed=False,
+            collapse_step=None,
+            steps=3,
+            rows=rows,
+        )  # one base
 
     runs = [run("ref", 0, 0.2, 0.5), run("ref", 1, 0.3, 0.5), run("ref", 2, 0.1, 0.2),
             run("fix", 0, 0.2, 0.4), run("fix", 1, 0.3, 0.6)]  # fmt: skip

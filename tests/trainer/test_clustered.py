@@ -79,16 +79,16 @@ def test_the_audit_s_numbers_from_the_causal_study_s_folders():
     routing gap, MoE without replay, 48 runs on 4 bases): p = 0.028 by least squares,
     0.053 with base and 0.084 with seed fixed effects, 0.105 cluster-robust by base."""
     from trainer.analysis.causal_report import heldout_change, load_runs
-    from trainer.analysis.survival import GAP_UNIT, run_gap
+    from trainer.analysis.survival import GAP_UNIT
     from trainer.studies.definition import load_definition
 
     runs = load_runs(load_definition("causal"), ROOT / "docs/results/causal/runs")
     frame = pd.DataFrame(
         [
-            {"seed": r["seed"], "base": r["base"], "change": heldout_change(r),
-             "gap10": run_gap(r["rows"]) / GAP_UNIT}
+            {"seed": r.seed, "base": r.base, "change": heldout_change(r),
+             "gap10": r.gap / GAP_UNIT}
             for r in runs
-            if r["moe"] and not r["r3"]
+            if r.moe and not r.r3
         ]
     )  # fmt: skip
     effect = linear_effect(frame, "change", "gap10")

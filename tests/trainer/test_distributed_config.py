@@ -1,5 +1,5 @@
 """The parallel section's field errors and the single-process arithmetic of
-trainer/distributed.py (sharding, loss scales, reductions are identities)."""
+trainer/distributed/ (sharding, loss scales, reductions are identities)."""
 
 from __future__ import annotations
 

@@ -35,10 +35,10 @@ def test_one_node_of_a_multi_host_launch_with_its_rendezvous():
 
 def test_launch_command_uses_torchrun_only_when_it_must():
     assert launch_command(ARGS) == [sys.executable, *ARGS]
-    assert launch_command(ARGS, ranks=1, python="/py") == ["/py", *ARGS]
-    assert launch_command(ARGS, ranks=2) == torchrun_command(ARGS, nproc_per_node=2)
+    assert launch_command(ARGS, ranks_per_node=1, python="/py") == ["/py", *ARGS]
+    assert launch_command(ARGS, ranks_per_node=2) == torchrun_command(ARGS, nproc_per_node=2)
     rdzv = Rendezvous(nnodes=2, endpoint="h:29400", run_id="r")
     # A node of a multi-host launch goes through torchrun even with one rank of its own.
-    assert launch_command(ARGS, ranks=1, rendezvous=rdzv) == torchrun_command(
+    assert launch_command(ARGS, ranks_per_node=1, rendezvous=rdzv) == torchrun_command(
         ARGS, nproc_per_node=1, rendezvous=rdzv
     )

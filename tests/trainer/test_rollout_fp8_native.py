@@ -309,5 +309,5 @@ def test_native_decode_step_makes_no_sync(monkeypatch, tiny_moe_cfg, make_batch)
     with torch.inference_mode(), count_syncs() as syncs:
         n_real, key_bias = engine._decode_state(full, 8)
         routing = torch.zeros((engine.n_moe_layers, 4, 2), dtype=torch.uint8)
-        engine._decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], routing)
+        engine.forward_pass.decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], routing)
     assert syncs.total == 0, syncs.report()

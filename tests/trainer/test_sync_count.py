@@ -107,7 +107,7 @@ def test_decode_step_makes_no_sync(precision):
     with torch.inference_mode(), count_syncs() as syncs:
         n_real, key_bias = engine._decode_state(mask, 8)
         routing = torch.zeros((engine.n_moe_layers, 5, 2), dtype=torch.uint8)
-        engine._decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], routing)
+        engine.forward_pass.decode(prompts[:, -1], n_real, 6, key_bias[:, None, None, :7], routing)
     assert syncs.total == 0, syncs.report()
 
 

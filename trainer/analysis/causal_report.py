@@ -28,12 +28,12 @@ from trainer.analysis.causal_markdown import markdown
 from trainer.analysis.clustered import linear_effect, paired_contrast
 from trainer.analysis.collapse import rejudge_collapse
 from trainer.analysis.intervals import bca_interval, holm, t_interval
+from trainer.analysis.run_record import RunRecord
 from trainer.analysis.survival import (
     GAP_UNIT,
     architecture_model,
     dose_model,
     lead_lag_model,
-    run_gap,
     run_table,
 )
 from trainer.devices.environment import group_environments
@@ -43,7 +43,7 @@ ALPHA = 0.05
 START_STEPS = 10  # "at the start": the mean over a run's first steps
 
 
-def load_runs(study, out: Path) -> list[dict[str, Any]]:
+def load_runs(study, out: Path) -> list[RunRecord]:
     """Every finished run of the study under ``out``, with its covariates and metrics.
     ``study``: a ``trainer.studies.definition.StudyDefinition`` (variants, seeds, config_for, base_of)."""
     runs = []
@@ -56,18 +56,9 @@ def load_runs(study, out: Path) -> list[dict[str, Any]]:
             rows = read_metrics(run_dir)
             summary = rejudge_collapse(cfg, json.loads((run_dir / SUMMARY_FILE).read_text()), rows)
             runs.append(
-                {
-                    "variant": variant.name,
-                    "seed": seed,
-                    "base": study.base_of(seed),
-                    "moe": cfg.model.is_moe,
-                    "r3": cfg.stabilizers.replay.mode == "r3",
-                    "sigma": cfg.rollout.router_noise,
-                    "precision": cfg.rollout.precision,
-                    "rows": rows,
-                    "summary": summary,
-                    "environment": summary.get("environment"),
-                }
+                RunRecord.of(
+                    cfg, summary, variant=variant.name, base=study.base_of(seed), rows=rows
+                )
             )
     return runs
 
@@ -91,39 +82,37 @@ def _eval_points(rows: list[dict], key: str | None = None) -> list[float]:
     return [r[key] for r in rows if r.get(key) is not None]
 
 
-def heldout_change(run: dict[str, Any], key: str | None = None) -> float | None:
+def heldout_change(run: RunRecord, key: str | None = None) -> float | None:
     """A run's held-out accuracy at its last evaluation minus at its first (the
     learning endpoint unless ``key`` names another series)."""
-    points = _eval_points(run["rows"], key)
+    points = _eval_points(run.rows, key)
     return points[-1] - points[0] if points else None
 
 
-def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    cells: dict[str, list[dict]] = {}
+def cell_table(runs: list[RunRecord]) -> dict[str, dict[str, Any]]:
+    cells: dict[str, list[RunRecord]] = {}
     for run in runs:
-        cells.setdefault(run["variant"], []).append(run)
+        cells.setdefault(run.variant, []).append(run)
     table = {}
     for name, members in cells.items():
-        first = [_eval_points(r["rows"])[0] for r in members if _eval_points(r["rows"])]
-        last = [_eval_points(r["rows"])[-1] for r in members if _eval_points(r["rows"])]
+        first = [_eval_points(r.rows)[0] for r in members if _eval_points(r.rows)]
+        last = [_eval_points(r.rows)[-1] for r in members if _eval_points(r.rows)]
         change = [c for r in members if (c := heldout_change(r)) is not None]
         start = slice(0, START_STEPS)
 
         def mean(key: str, steps: slice = start, members=members) -> float | None:
-            values = [_mean_of(r["rows"], key, steps) for r in members]
+            values = [_mean_of(r.rows, key, steps) for r in members]
             values = [v for v in values if v is not None]
             return statistics.fmean(values) if values else None
 
         table[name] = {
             "name": name,
             "runs": len(members),
-            "bases": sorted({r["base"] for r in members}),
-            "collapsed": sum(bool(r["summary"]["collapsed"]) for r in members),
-            "collapse_steps": sorted(
-                r["summary"]["collapse_step"] for r in members if r["summary"]["collapsed"]
-            ),
-            "sigma": members[0]["sigma"],
-            "routing_gap": statistics.fmean(run_gap(r["rows"]) for r in members),
+            "bases": sorted({r.base for r in members}),
+            "collapsed": sum(r.collapsed for r in members),
+            "collapse_steps": sorted(r.collapse_step for r in members if r.collapsed),
+            "sigma": members[0].sigma,
+            "routing_gap": statistics.fmean(r.gap for r in members),
             "kl_k3": mean(K.MISMATCH_KL_K3),
             "chi2_seq": mean(K.IS_CHI2_SEQ),
             "ess_seq": mean(K.IS_ESS_SEQ),
@@ -142,7 +131,7 @@ def cell_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "heldout_change_t": t_interval(change),
             "heldout_change_bca": bca_interval(change) if len(change) >= 3 else None,
             "improved": sum(c > 0 for c in change),
-            "endpoint": endpoint_key(members[0]["rows"]),
+            "endpoint": endpoint_key(members[0].rows),
             # The rollout engine's figure beside the endpoint (its gap included).
             "heldout_engine_change": _mean_or_none(
                 [c for r in members if (c := heldout_change(r, K.EVAL_ACCURACY)) is not None]
@@ -155,20 +144,18 @@ def _mean_or_none(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def paired_contrasts(
-    runs: list[dict[str, Any]], reference: str | None
-) -> dict[str, dict[str, Any]]:
+def paired_contrasts(runs: list[RunRecord], reference: str | None) -> dict[str, dict[str, Any]]:
     """Each cell's held-out change against the ``reference`` cell's on the same seed
     (so the same base): the mean of the per-seed differences with its t interval,
     over the seeds both cells finished."""
     if reference is None:
         return {}
     changes: dict[str, dict[int, float]] = {}
-    bases = {run["seed"]: run["base"] for run in runs if "base" in run}
+    bases = {run.seed: run.base for run in runs}
     for run in runs:
         change = heldout_change(run)
         if change is not None:
-            changes.setdefault(run["variant"], {})[run["seed"]] = change
+            changes.setdefault(run.variant, {})[run.seed] = change
     base = changes.get(reference, {})
     out = {}
     for name, by_seed in changes.items():
@@ -177,8 +164,11 @@ def paired_contrasts(
         seeds = sorted(by_seed.keys() & base.keys())
         diffs = [by_seed[s] - base[s] for s in seeds]
         if diffs:
-            out[name] = {"pairs": len(diffs), "mean": statistics.fmean(diffs),
-                         "t": t_interval(diffs)}  # fmt: skip
+            out[name] = {
+                "pairs": len(diffs),
+                "mean": statistics.fmean(diffs),
+                "t": t_interval(diffs),
+            }
             if seeds and all(s in bases for s in seeds) and len({bases[s] for s in seeds}) >= 2:
                 clustered = paired_contrast(diffs, [bases[s] for s in seeds])
                 out[name].update({k: clustered[k] for k in CLUSTERED_KEYS if k in clustered})
@@ -188,19 +178,19 @@ def paired_contrasts(
 CLUSTERED_KEYS = ("bases", "cluster_base", "wild_cluster", "bases_positive")
 
 
-def replay_contrasts(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def replay_contrasts(runs: list[RunRecord]) -> dict[str, dict[str, Any]]:
     """Each MoE+R3 cell against the MoE cell without replay at the same router noise and
     rollout precision, paired by seed (so by base), with base-clustered inference (``paired_contrasts``)."""
     cells: dict[tuple[bool, float, str], str] = {}
     for run in runs:
-        if run["moe"]:
-            key = (run["r3"], run["sigma"], run.get("precision", "fp32"))
-            cells.setdefault(key, run["variant"])
+        if run.moe:
+            key = (run.r3, run.sigma, run.precision)
+            cells.setdefault(key, run.variant)
     out = {}
     for (r3, sigma, precision), name in cells.items():
         partner = cells.get((False, sigma, precision))
         if r3 and partner is not None:
-            pair = [r for r in runs if r["variant"] in (name, partner)]
+            pair = [r for r in runs if r.variant in (name, partner)]
             contrast = paired_contrasts(pair, partner).get(name)
             if contrast:
                 out[name] = {"against": partner, **contrast}
@@ -220,7 +210,7 @@ def collapse_rate_bound(collapsed: int, runs: int, level: float = 0.95) -> float
     return float(stats.beta.ppf(level, collapsed + 1, runs - collapsed))
 
 
-def learning_slope(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def learning_slope(runs: list[RunRecord]) -> dict[str, Any] | None:
     """Held-out accuracy change (first to last evaluation) against the routing gap
     (per 10 points) over the MoE runs without replay, under every inference of
     ``trainer.analysis.clustered.linear_effect``: plain least squares (the
@@ -231,14 +221,14 @@ def learning_slope(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
     records = []
     for run in runs:
-        points = _eval_points(run["rows"])
+        points = _eval_points(run.rows)
         if len(points) >= 2:
             records.append(
                 {
-                    "gap10": run_gap(run["rows"]) / GAP_UNIT,
+                    "gap10": run.gap / GAP_UNIT,
                     "change": points[-1] - points[0],
-                    "base": run.get("base", 0),
-                    "seed": run.get("seed", len(records)),
+                    "base": run.base,
+                    "seed": run.seed,
                 }
             )
     frame = pd.DataFrame.from_records(records)
@@ -297,7 +287,7 @@ def causal_report(study, out: Path) -> dict[str, Any]:
     frame = run_table(runs)
     dose = dose_model(frame) if len(frame) else None
     arch = architecture_model(frame) if len(frame) else None
-    no_replay_moe = [r for r in runs if r["moe"] and not r["r3"]]
+    no_replay_moe = [r for r in runs if r.moe and not r.r3]
     lead_lag = lead_lag_model(no_replay_moe) if no_replay_moe else None
     raw = {
         "H1": None if dose is None else dose["gap"]["p"],
@@ -312,16 +302,15 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         cell["collapse_rate_upper95"] = collapse_rate_bound(cell["collapsed"], cell["runs"])
         # If collapse proneness belongs to the base, the independent units are the bases:
         # the bound over bases with no collapsed run (0 of 4 bases: 53%).
-        collapsed_bases = len({r["base"] for r in runs if r["variant"] == cell["name"]
-                               and r["summary"]["collapsed"]})  # fmt: skip
+        collapsed_bases = len({r.base for r in runs if r.variant == cell["name"] and r.collapsed})
         cell["bases_collapsed"] = collapsed_bases
         cell["collapse_rate_upper95_by_base"] = collapse_rate_bound(
             collapsed_bases, len(cell["bases"])
         )
-    dosed = [r for r in no_replay_moe if r["sigma"] > 0]
+    dosed = [r for r in no_replay_moe if r.sigma > 0]
     pooled = {
         "runs": len(dosed),
-        "collapsed": sum(bool(r["summary"]["collapsed"]) for r in dosed),
+        "collapsed": sum(r.collapsed for r in dosed),
     }
     pooled["collapse_rate_upper95"] = collapse_rate_bound(pooled["collapsed"], pooled["runs"])
     report = {
@@ -341,17 +330,17 @@ def causal_report(study, out: Path) -> dict[str, Any]:
         "registration": getattr(study, "analysis", None) or "causal",
         "per_run": frame.to_dict(orient="records") if len(frame) else [],
         "environments": group_environments(
-            [(f"{r['variant']}/seed{r['seed']}", r["environment"]) for r in runs]
+            [(f"{r.variant}/seed{r.seed}", r.environment) for r in runs]
         ),
     }
     if report["registration"] == "edge":  # the near-edge study's own registered tests
         from trainer.analysis.edge_tests import decide_edge, edge_tests
 
-        controls = [r for r in no_replay_moe if r["sigma"] == 0]
+        controls = [r for r in no_replay_moe if r.sigma == 0]
         report["registered"] = edge_tests(frame) if len(frame) else {}
         report["decision"] = decide_edge(
             report["registered"],
-            sum(bool(r["summary"]["collapsed"]) for r in controls),
+            sum(r.collapsed for r in controls),
             len(controls),
         )
     (out / "causal.json").write_text(json.dumps(report, indent=1, default=float))
@@ -364,13 +353,13 @@ def causal_report(study, out: Path) -> dict[str, Any]:
 ARMS = (("MoE", "#1f77b4"), ("MoE+R3", "#2ca02c"), ("dense", "#7f7f7f"))
 
 
-def _arm(run: dict[str, Any]) -> str:
-    if not run["moe"]:
+def _arm(run: RunRecord) -> str:
+    if not run.moe:
         return "dense"
-    return "MoE+R3" if run["r3"] else "MoE"
+    return "MoE+R3" if run.r3 else "MoE"
 
 
-def write_figure(runs: list[dict[str, Any]], path: Path) -> Path:
+def write_figure(runs: list[RunRecord], path: Path) -> Path:
     """Two panels against each run's routing gap (x, % of (token, layer) pairs):
     its time to collapse (filled: collapsed; open: censored at its last step)
     and its held-out accuracy change from the first to the last evaluation."""
@@ -384,12 +373,9 @@ def write_figure(runs: list[dict[str, Any]], path: Path) -> Path:
         members = [r for r in runs if _arm(r) == arm]
         if not members:
             continue
-        gaps = [100 * run_gap(r["rows"]) for r in members]
-        times = [
-            r["summary"]["collapse_step"] if r["summary"]["collapsed"] else r["summary"]["steps"]
-            for r in members
-        ]
-        events = [bool(r["summary"]["collapsed"]) for r in members]
+        gaps = [100 * r.gap for r in members]
+        times = [r.time for r in members]
+        events = [r.collapsed for r in members]
         # Runs at one gap (all zero-gap runs) would hide each other: a small fixed
         # horizontal spread, named on the axis.
         gaps = [g + 0.25 * ((i % 5) - 2) for i, g in enumerate(gaps)]
@@ -401,13 +387,13 @@ def write_figure(runs: list[dict[str, Any]], path: Path) -> Path:
                 left.scatter(xs, ys, label=f"{arm}, {label}", **style)
         changes = []
         for r in members:
-            points = _eval_points(r["rows"])
+            points = _eval_points(r.rows)
             changes.append(points[-1] - points[0] if len(points) >= 2 else float("nan"))
         right.scatter(gaps, changes, color=color, label=arm, alpha=0.8)
     xlabel = "routing gap at the start (% of token-layer pairs; spread +-0.5 to show overlaps)"
     left.set_xlabel(xlabel)
     left.set_ylabel("time to collapse (steps; open = never, censored)")
-    left.set_ylim(0, max(r["summary"]["steps"] for r in runs) * 1.05)
+    left.set_ylim(0, max(r.steps for r in runs) * 1.05)
     left.legend(fontsize=8, loc="lower left")
     right.axhline(0.0, color="black", linewidth=0.8)
     right.set_xlabel(xlabel)

@@ -194,7 +194,8 @@ def paired_contrast(
     if out["bases"] >= 2:
         cluster = _summary(_ols("diff ~ 1", frame, frame["base"]), "Intercept", out["bases"] - 1)
         out["cluster_base"] = cluster
-        out["wild_cluster"] = wild_cluster_bootstrap(frame, "diff ~ 1", "Intercept", "base",
-                                                     **bootstrap)  # fmt: skip
+        out["wild_cluster"] = wild_cluster_bootstrap(
+            frame, "diff ~ 1", "Intercept", "base", **bootstrap
+        )
         out["bases_positive"] = int((frame.groupby("base")["diff"].mean() > 0).sum())
     return out

@@ -142,8 +142,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--p0", type=float, default=0.15, help="event rate at dose 0")
     parser.add_argument("--horizon", type=int, default=150)
     parser.add_argument("--frailty-var", type=float, default=0.0)
-    parser.add_argument("--model", choices=("strata", "cluster"), default="strata",
-                        help="the fit: stratified by base, or robust errors clustered by base")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        choices=("strata", "cluster"),
+        default="strata",
+        help="the fit: stratified by base, or robust errors clustered by base",
+    )
     parser.add_argument("--sims", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

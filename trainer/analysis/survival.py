@@ -6,7 +6,7 @@ runs of one base share a starting model), and its covariates:
 
 * ``gap10``: the run's routing gap, the mean share of (token, MoE layer) pairs
   whose training and rollout top-k sets differ over its first
-  ``GAP_STEPS`` steps (measured before training has moved the policy far),
+  ``GAP_STEPS`` steps (``trainer.analysis.run_record``) (measured before training has moved the policy far),
   in units of 10 percentage points (the R3 paper's gap is about 1 unit);
   0 for a dense model, which has no routing;
 * ``r3``: 1 when the run replays the rollout's routing in training;
@@ -38,57 +38,33 @@ from typing import Any
 import numpy as np
 
 from trainer import metric_keys as K
+from trainer.analysis.run_record import RunRecord
 
-GAP_STEPS = 10  # the gap is measured over a run's first steps
 GAP_UNIT = 0.10  # hazard ratios are per 10 percentage points of routing gap
 LEAD_LAG_STEPS = 5  # the lag of the time-varying covariates
 K3_FLOOR = 1e-9  # log10(k3) of a zero-gap run is bounded below here
 
 
-def mean_gap(values: list[float]) -> float:
-    """A run's routing gap from the routing inconsistency of its first steps (at most
-    GAP_STEPS of them): their mean; 0 without any (a dense model has no routing)."""
-    values = list(values)[:GAP_STEPS]
-    return float(np.mean(values)) if values else 0.0
-
-
-def run_gap(rows: list[dict]) -> float:
-    """Mean natural routing inconsistency over the first GAP_STEPS steps (0 without routing)."""
-    return mean_gap(
-        [
-            r[K.MISMATCH_ROUTING_INCONSISTENCY]
-            for r in rows[:GAP_STEPS]
-            if r.get(K.MISMATCH_ROUTING_INCONSISTENCY) is not None
-        ]
-    )
-
-
-def run_table(runs: Iterable[dict[str, Any]]):
-    """A DataFrame, one row per run. Each run dict: ``variant``, ``seed``, ``base``,
-    ``moe`` (bool), ``r3`` (bool), ``summary`` (collapsed, collapse_step, steps),
-    and ``rows`` (its metrics.jsonl rows) or ``gap`` (its ``run_gap``, precomputed)."""
+def run_table(runs: Iterable[RunRecord]):
+    """A DataFrame, one row per run (``trainer.analysis.run_record.RunRecord``): its
+    cell, seed and base, the covariates and the time and event."""
     import pandas as pd
 
-    records = []
-    for run in runs:
-        s = run["summary"]
-        collapsed = bool(s["collapsed"])
-        records.append(
-            {
-                "variant": run["variant"],
-                "seed": run["seed"],
-                "base": run["base"],
-                "moe": int(run["moe"]),
-                "r3": int(run["r3"]),
-                "gap10": (run["gap"] if "gap" in run else run_gap(run["rows"])) / GAP_UNIT
-                if run["moe"]
-                else 0.0,
-                "sigma": float(run.get("sigma", 0.0)),
-                "precision": run.get("precision", "fp32"),
-                "time": float(s["collapse_step"] if collapsed else s["steps"]),
-                "event": int(collapsed),
-            }
-        )
+    records = [
+        {
+            "variant": run.variant,
+            "seed": run.seed,
+            "base": run.base,
+            "moe": int(run.moe),
+            "r3": int(run.r3),
+            "gap10": run.gap / GAP_UNIT if run.moe else 0.0,
+            "sigma": run.sigma,
+            "precision": run.precision,
+            "time": float(run.time),
+            "event": run.event,
+        }
+        for run in runs
+    ]
     return pd.DataFrame.from_records(records)
 
 
@@ -176,7 +152,7 @@ def architecture_model(frame) -> dict[str, Any] | None:
     return {"runs": len(sub), "events": int(sub["event"].sum()), "moe": _effect(fitter, "moe")}
 
 
-def lead_lag_frame(runs: Iterable[dict[str, Any]], lag: int = LEAD_LAG_STEPS):
+def lead_lag_frame(runs: Iterable[RunRecord], lag: int = LEAD_LAG_STEPS):
     """Long format for CoxTimeVaryingFitter: one row per (run, step) at risk, with
     the k3 (log10) and routing inconsistency of step - lag; the row of the
     collapse step carries the event."""
@@ -184,10 +160,8 @@ def lead_lag_frame(runs: Iterable[dict[str, Any]], lag: int = LEAD_LAG_STEPS):
 
     records = []
     for i, run in enumerate(runs):
-        rows = run["rows"]
-        s = run["summary"]
-        end = int(s["collapse_step"] if s["collapsed"] else s["steps"])
-        by_step = {int(r["step"]): r for r in rows}
+        end = run.time
+        by_step = {int(r["step"]): r for r in run.rows}
         for step in range(lag, end + 1):
             past = by_step.get(step - lag)
             if past is None:
@@ -201,7 +175,7 @@ def lead_lag_frame(runs: Iterable[dict[str, Any]], lag: int = LEAD_LAG_STEPS):
                     "id": i,
                     "start": step - 1,
                     "stop": step,
-                    "event": int(bool(s["collapsed"]) and step == end),
+                    "event": int(run.collapsed and step == end),
                     "log10_k3_lag": math.log10(max(k3, K3_FLOOR)),
                     "routing_lag10": ri / GAP_UNIT,
                 }
@@ -209,7 +183,7 @@ def lead_lag_frame(runs: Iterable[dict[str, Any]], lag: int = LEAD_LAG_STEPS):
     return pd.DataFrame.from_records(records)
 
 
-def lead_lag_model(runs: Iterable[dict[str, Any]], lag: int = LEAD_LAG_STEPS):
+def lead_lag_model(runs: Iterable[RunRecord], lag: int = LEAD_LAG_STEPS):
     """Hazard ratios per decade of lagged k3 and per 10 points of lagged routing gap."""
     from lifelines import CoxTimeVaryingFitter
 

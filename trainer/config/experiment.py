@@ -100,7 +100,7 @@ class ExperimentConfig(Section):
     def _check_parallel(self) -> None:
         """Combinations of several ranks (run.gpus x run.nodes > 1) that cannot run, as
         field errors before any rank starts."""
-        ranks = self.run.ranks
+        ranks = self.run.world_size
         ep = self.parallel.expert_parallel
         if ep > 1:
             problem = None

@@ -86,6 +86,6 @@ class RunConfig(Section):
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)
 
     @property
-    def ranks(self) -> int:
-        """The run's world size: ``gpus`` ranks on each of ``nodes`` hosts."""
+    def world_size(self) -> int:
+        """The run's ranks (trainer processes) in all: ``gpus`` on each of ``nodes`` hosts."""
         return self.gpus * self.nodes

@@ -70,18 +70,26 @@ def mps_available() -> bool:
 
 def _control(env: dict[str, str], *args: str, stdin: str | None = None) -> None:
     subprocess.run(
-        [MPS_CONTROL, *args], env=env, input=stdin, text=True, check=True,
-        capture_output=True, timeout=30,
-    )  # fmt: skip
+        [MPS_CONTROL, *args],
+        env=env,
+        input=stdin,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def _probe(env: dict[str, str]) -> str | None:
     """None when a client can run a kernel under the daemon; else why not."""
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+            [sys.executable, "-c", _PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=PROBE_TIMEOUT_S,
-        )  # fmt: skip
+        )
     except subprocess.TimeoutExpired:
         return f"a probe client did not finish within {PROBE_TIMEOUT_S:.0f} s"
     if done.returncode != 0:

@@ -76,18 +76,78 @@ ARCHITECTURES = {
 # ("router": score, logit bias, group score or None) and "expert_ffn" ("gpt_oss": biases
 # and the clamped SwiGLU). A key left out means the builtin default only.
 EXPRESSIBLE: dict[str, dict[str, Any]] = {
-    "deepseek_v3": {"qk_norm": {"none"}, "bias": {"none"}, "moe": True, "shared": "ungated", "dense_layers": "prefix", "mla": True, "router": ("sigmoid", False, "top2_sum")},
-    "deepseek_v2": {"qk_norm": {"none"}, "bias": {"none"}, "moe": True, "shared": "ungated", "dense_layers": "prefix", "mla": True, "router": ("softmax", False, "max"), "norm_topk_prob": False},
-    "glm4_moe": {"qk_norm": {"none", "head"}, "bias": {"none", "qkv"}, "moe": True, "shared": "ungated", "dense_layers": "prefix", "partial_rotary": True, "router": ("sigmoid", False, "top2_sum")},
-    "gpt_oss": {"qk_norm": {"none"}, "bias": {"none", "qkvo"}, "moe": True, "shared": False, "dense_layers": False, "sinks": True, "router": ("softmax", True, None), "expert_ffn": "gpt_oss", "norm_topk_prob": True},
-    "qwen3_moe": {"qk_norm": {"head"}, "bias": {"none", "qkvo"}, "moe": True, "shared": False, "dense_layers": True},
-    "qwen2_moe": {"qk_norm": {"none"}, "bias": {"none", "qkv"}, "moe": True, "shared": True, "dense_layers": True},
-    "olmoe": {"qk_norm": {"full"}, "bias": {"none", "qkvo"}, "moe": True, "shared": False, "dense_layers": False},
-    "mixtral": {"qk_norm": {"none"}, "bias": {"none"}, "moe": True, "shared": False, "dense_layers": False, "norm_topk_prob": True},
+    "deepseek_v3": {
+        "qk_norm": {"none"},
+        "bias": {"none"},
+        "moe": True,
+        "shared": "ungated",
+        "dense_layers": "prefix",
+        "mla": True,
+        "router": ("sigmoid", False, "top2_sum"),
+    },
+    "deepseek_v2": {
+        "qk_norm": {"none"},
+        "bias": {"none"},
+        "moe": True,
+        "shared": "ungated",
+        "dense_layers": "prefix",
+        "mla": True,
+        "router": ("softmax", False, "max"),
+        "norm_topk_prob": False,
+    },
+    "glm4_moe": {
+        "qk_norm": {"none", "head"},
+        "bias": {"none", "qkv"},
+        "moe": True,
+        "shared": "ungated",
+        "dense_layers": "prefix",
+        "partial_rotary": True,
+        "router": ("sigmoid", False, "top2_sum"),
+    },
+    "gpt_oss": {
+        "qk_norm": {"none"},
+        "bias": {"none", "qkvo"},
+        "moe": True,
+        "shared": False,
+        "dense_layers": False,
+        "sinks": True,
+        "router": ("softmax", True, None),
+        "expert_ffn": "gpt_oss",
+        "norm_topk_prob": True,
+    },
+    "qwen3_moe": {
+        "qk_norm": {"head"},
+        "bias": {"none", "qkvo"},
+        "moe": True,
+        "shared": False,
+        "dense_layers": True,
+    },
+    "qwen2_moe": {
+        "qk_norm": {"none"},
+        "bias": {"none", "qkv"},
+        "moe": True,
+        "shared": True,
+        "dense_layers": True,
+    },
+    "olmoe": {
+        "qk_norm": {"full"},
+        "bias": {"none", "qkvo"},
+        "moe": True,
+        "shared": False,
+        "dense_layers": False,
+    },
+    "mixtral": {
+        "qk_norm": {"none"},
+        "bias": {"none"},
+        "moe": True,
+        "shared": False,
+        "dense_layers": False,
+        "norm_topk_prob": True,
+    },
     "qwen3": {"qk_norm": {"head"}, "bias": {"none", "qkvo"}, "moe": False},
     "qwen2": {"qk_norm": {"none"}, "bias": {"none", "qkv"}, "moe": False},
     "llama": {"qk_norm": {"none"}, "bias": {"none", "qkvo"}, "moe": False},
-}  # fmt: skip
+}
 
 # ModelConfig fields a checkpoint's config.json decides (the model's shape and math).
 SHAPE_FIELDS = (

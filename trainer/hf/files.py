@@ -50,13 +50,23 @@ def _snapshot(repo_folder: Path) -> Path:
         return with_config[0]
     if not with_config:
         raise FieldError(
-            [(SOURCE, f"{repo_folder} is a Hugging Face cache folder without a downloaded "
-                      "snapshot holding config.json; download the model again")]
-        )  # fmt: skip
+            [
+                (
+                    SOURCE,
+                    f"{repo_folder} is a Hugging Face cache folder without a downloaded "
+                    "snapshot holding config.json; download the model again",
+                )
+            ]
+        )
     raise FieldError(
-        [(SOURCE, f"{repo_folder} holds {len(with_config)} snapshots and refs/main names none "
-                  f"of them; set model.source to one of: {', '.join(map(str, with_config))}")]
-    )  # fmt: skip
+        [
+            (
+                SOURCE,
+                f"{repo_folder} holds {len(with_config)} snapshots and refs/main names none "
+                f"of them; set model.source to one of: {', '.join(map(str, with_config))}",
+            )
+        ]
+    )
 
 
 def checkpoint_folder(source: str) -> Path:
@@ -73,10 +83,15 @@ def checkpoint_folder(source: str) -> Path:
         if cached.is_dir():
             return _snapshot(cached).resolve()
         raise FieldError(
-            [(SOURCE, f"{source!r} is not a folder, and as a Hugging Face repo id it is not "
-                      f"in the local cache ({cached} does not exist); download it first "
-                      "(huggingface-cli download) or give the checkpoint folder")]
-        )  # fmt: skip
+            [
+                (
+                    SOURCE,
+                    f"{source!r} is not a folder, and as a Hugging Face repo id it is not "
+                    f"in the local cache ({cached} does not exist); download it first "
+                    "(huggingface-cli download) or give the checkpoint folder",
+                )
+            ]
+        )
     raise FieldError([(SOURCE, f"{path} is not a folder (use 'builtin' or a checkpoint folder)")])
 
 

@@ -5,8 +5,10 @@
 
 A checkpoint folder holds ``config.json``, ``model.safetensors`` or shards
 listed in ``model.safetensors.index.json``, and optionally tokenizer files.
-Weights are read one tensor at a time (``safe_open``, memory-mapped) and
-copied straight into the already allocated parameters, which converts to the
+Weights are read one tensor at a time (``safe_open``, memory-mapped), each
+checked to be a finite float tensor (a NaN, an Inf or an integer dtype is a
+field error naming it, before the run trains), and copied straight into the
+already allocated parameters, which converts to the
 run's dtype and device: peak memory is the model plus one tensor, never a
 second full copy of the checkpoint.
 """
@@ -138,6 +140,12 @@ class CheckpointReader:
             raise
         except Exception as exc:  # a truncated or corrupted data section
             raise FieldError([(SOURCE, f"{file}: tensor {name!r} cannot be read: {exc}")]) from None
+        if not tensor.is_floating_point():
+            raise FieldError(
+                [(SOURCE, f"{file}: tensor {name!r} is stored as {tensor.dtype}, not a float")]
+            )
+        if not bool(torch.isfinite(tensor).all()):
+            raise FieldError([(SOURCE, f"{file}: tensor {name!r} holds NaN or infinite values")])
         self._served += tensor.numel() * tensor.element_size()
         self._unread[file] -= 1
         if self._unread[file] <= 0:

@@ -16,7 +16,8 @@ problem; never raises for a bad file. What is checked (docs/models.md,
   shapes and data offsets that fit inside the file: a truncated file or a
   corrupted header is caught without reading a weight);
 * every tensor the model needs is there with the shape ``config.json``
-  implies (hidden size, expert count and widths, heads, vocabulary), and no
+  implies (hidden size, expert count and widths, heads, vocabulary) and a
+  floating dtype (``WEIGHT_DTYPES``: an int32 norm is refused), and no
   tensor is left over;
 * ``tokenizer.json`` loads (``tokenizer=True``) and fits the embedding, and
   the chat template, if the checkpoint has one, compiles and renders a probe
@@ -36,27 +37,53 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer.errors import FieldError
 from trainer.hf.files import INDEX_FILE, SINGLE_FILE
 
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 # A header larger than this is not a real checkpoint's (safetensors caps it at 100 MB).
 MAX_HEADER_BYTES = 100 * 1024**2
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
+# The dtypes a model weight may be stored in: the loader converts them to the run's
+# precision. An integer "norm" (or an fp8 tensor without its scales) is refused.
+WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
+
 Shape = tuple[int, ...]
 
 
-def read_safetensors_header(path: Path) -> dict[str, tuple[str, Shape]]:
-    """tensor name -> (dtype, shape) from a safetensors file's header; FieldError
+class TensorEntry(NamedTuple):
+    """One tensor of a safetensors file: its dtype, shape and the absolute byte range
+    of its data in the file."""
+
+    dtype: str
+    shape: Shape
+    file: Path
+    begin: int
+    end: int
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
+    """tensor name -> TensorEntry from a safetensors file's header; FieldError
     (on ``model.source``) naming the file for any inconsistency."""
 
     def bad(problem: str) -> FieldError:
@@ -81,7 +108,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, Shape]]:
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     data_bytes = size - 8 - n
-    out: dict[str, tuple[str, Shape]] = {}
+    out: dict[str, TensorEntry] = {}
     ranges: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
@@ -103,7 +130,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, Shape]]:
                 f"tensor {name!r} ends at byte {end} of a {data_bytes}-byte data section "
                 "(the file is truncated)"
             )
-        out[name] = (dtype, shape)
+        out[name] = TensorEntry(dtype, shape, path, 8 + n + start, 8 + n + end)
         ranges.append((start, end, name))
     _check_coverage(ranges, data_bytes, bad)
     return out
@@ -123,8 +150,8 @@ def _check_coverage(ranges: list[tuple[int, int, str]], data_bytes: int, bad) ->
         raise bad(f"{data_bytes - at} bytes after the last tensor (trailing data)")
 
 
-def checkpoint_headers(folder: Path) -> dict[str, Shape]:
-    """tensor name -> shape over every weight file of the checkpoint (FieldError)."""
+def checkpoint_headers(folder: Path) -> dict[str, TensorEntry]:
+    """tensor name -> TensorEntry over every weight file of the checkpoint (FieldError)."""
     index = folder / INDEX_FILE
     if index.exists():
         from trainer.hf.files import read_weight_map
@@ -140,7 +167,7 @@ def checkpoint_headers(folder: Path) -> dict[str, Shape]:
         raise FieldError(
             [("model.source", f"shard {file} named in {INDEX_FILE} is missing") for file in missing]
         )
-    shapes: dict[str, Shape] = {}
+    shapes: dict[str, TensorEntry] = {}
     errors: list[tuple[str, str]] = []
     for file in files:
         try:
@@ -148,9 +175,9 @@ def checkpoint_headers(folder: Path) -> dict[str, Shape]:
         except FieldError as exc:
             errors += exc.errors
             continue
-        for name, (_, shape) in header.items():
+        for name, entry in header.items():
             if weight_map is None or weight_map.get(name) == file:
-                shapes[name] = shape
+                shapes[name] = entry
     if errors:
         raise FieldError(errors)
     if weight_map is not None:
@@ -233,7 +260,8 @@ def _validate(folder: Path, tokenizer: bool) -> None:
     except ValidationError as exc:
         problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
         raise FieldError([("model.source", f"config.json: {problems}")]) from None
-    shapes = checkpoint_headers(folder)
+    entries = checkpoint_headers(folder)
+    shapes = {name: entry.shape for name, entry in entries.items()}
     expected = expected_shapes(cfg, cfg.family, set(shapes), bool(hf.get("rope_interleave", True)))
     errors = []
     for name, shape in expected.items():
@@ -245,6 +273,14 @@ def _validate(folder: Path, tokenizer: bool) -> None:
                     "model.source",
                     f"tensor {name!r} has shape {list(shapes[name])} but config.json implies "
                     f"{list(shape)}",
+                )
+            )
+        elif entries[name].dtype not in WEIGHT_DTYPES:
+            errors.append(
+                (
+                    "model.source",
+                    f"tensor {name!r} is stored as {entries[name].dtype}; a weight must be "
+                    f"one of {', '.join(WEIGHT_DTYPES)}",
                 )
             )
     allowed = set(expected) | ({"lm_head.weight"} if cfg.tie_embeddings else set())

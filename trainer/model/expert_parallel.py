@@ -160,11 +160,6 @@ def all_finished(finished: torch.Tensor, shard: ExpertShard | None) -> bool:
     return bool(done.item())
 
 
-def is_sharded_expert_key(name: str) -> bool:
-    """State-dict keys of stacked expert tensors (``blocks.{i}.ffn.experts.w_*`` / ``b_*``)."""
-    return ".experts.w_" in name or ".experts.b_" in name
-
-
 def gather_expert_shards(state: dict[str, torch.Tensor], shard_of: dict[str, ExpertShard]):
     """A full state_dict from this rank's: every sharded expert tensor all-gathered
     over its group and concatenated on the expert dim (a collective)."""

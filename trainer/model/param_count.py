@@ -25,13 +25,8 @@ from __future__ import annotations
 from math import prod
 
 from trainer.config import ExperimentConfig, ModelConfig
-from trainer.model.shapes import attention_shapes, block_shapes, ffn_shapes, is_routed_expert
+from trainer.model.shapes import attention_shapes, is_routed_expert
 from trainer.model.shapes import parameter_shapes as parameter_shapes
-
-
-def swiglu_params(d_model: int, hidden: int) -> int:
-    """A SwiGLU FFN without biases: gate and up (D x H each) and down (H x D)."""
-    return 3 * d_model * hidden
 
 
 def _count(shapes: dict[str, tuple[int, ...]], active: tuple[int, int] = (1, 1)) -> int:
@@ -50,20 +45,8 @@ def attention_params(cfg: ModelConfig) -> int:
     return _count(attention_shapes(cfg, ""))
 
 
-def ffn_params(cfg: ModelConfig, index: int, active: bool = False) -> int:
-    """Block ``index``'s FFN: router (+ bias) + experts (all E, or the top_k a token uses
-    when ``active``; with their biases) + shared expert (+ its gate); a dense block's
-    SwiGLU 3*D*H_d."""
-    return _count(ffn_shapes(cfg, index, ""), _active_share(cfg, active))
-
-
 def _active_share(cfg: ModelConfig, active: bool) -> tuple[int, int]:
     return (cfg.top_k, cfg.n_experts) if active and cfg.is_moe else (1, 1)
-
-
-def block_params(cfg: ModelConfig, index: int = 0, active: bool = False) -> int:
-    """One transformer block: attention, two RMSNorms and its FFN (MoE or dense)."""
-    return _count(block_shapes(cfg, index), _active_share(cfg, active))
 
 
 def model_params(

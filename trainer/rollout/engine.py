@@ -25,8 +25,7 @@ import torch.distributed as dist
 
 from trainer.config import ModelConfig
 from trainer.model.expert_parallel import all_finished
-from trainer.model.layers import positions_from_mask, rope_frequencies
-from trainer.model.mla import mla_softmax_scale
+from trainer.model.layers import positions_from_mask
 from trainer.rollout.forward import EngineForward
 from trainer.rollout.numerics import Numerics
 from trainer.rollout.router_noise import RouterNoise
@@ -37,7 +36,13 @@ from trainer.rollout.sampling import (
     sampling_stream,
     scaled_logprobs,
 )
-from trainer.rollout.static_decode import compiled_decode, compiled_moe_backend, zero_cache
+from trainer.rollout.static_decode import (
+    bucket_for,
+    compiled_decode,
+    compiled_moe_backend,
+    decode_buckets,
+    zero_cache,
+)
 from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
@@ -63,9 +68,10 @@ class RolloutBatch:
         return None if self.routing is None else self.routing.routing_mask
 
 
-class RolloutEngine(EngineWeights, EngineForward):
-    """The engine: weights (``EngineWeights``), forward (``EngineForward``), and here
-    scoring and sampling."""
+class RolloutEngine:
+    """The engine, composed of its parts: its weights (``weights``:
+    ``EngineWeights``, filled by ``load_weights``), its forward with a static KV
+    cache (``forward_pass``: ``EngineForward``), and here scoring and sampling."""
 
     def __init__(
         self,
@@ -78,6 +84,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         stop_check_every: int = 8,
         fp8_gemm: str = "auto",
         decode: str = "eager",
+        sampler: str = "inverse_cdf",
     ):
         if stop_check_every < 1:
             raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
@@ -94,45 +101,45 @@ class RolloutEngine(EngineWeights, EngineForward):
         # rollout.decode: "compiled" decodes with the fixed-shape step under
         # torch.compile (trainer.rollout.static_decode), built at the first rollout.
         self.decode = decode
+        # rollout.sampler: inverse_cdf or the exponential race (trainer.rollout.sampling)
+        self.sampler = sampler
         self._compiled_step = None
         if decode == "compiled":
             moe_backend = compiled_moe_backend(moe_backend, self.num.dtype)
-        self.moe_backend = moe_backend
         # Decode steps between two checks whether every row stopped: the check
         # reads a flag on the host (a sync); between checks the loop runs on
         # without waiting (``_sample``).
         self.stop_check_every = stop_check_every
-        self.n_heads = cfg.n_heads
-        self.n_kv_heads = cfg.resolved_n_kv_heads
-        self.head_dim = cfg.resolved_head_dim
-        kv_dim = self.n_kv_heads * self.head_dim
-        self.qkv_split = (self.n_heads * self.head_dim, kv_dim, kv_dim)
-        # Rotary covers the first rotary_dim of each head (all of it but under partial
-        # rotary; the rope part of a latent-attention head).
-        self.rotary_dim = cfg.resolved_rotary_dim
-        self.attn_scale = mla_softmax_scale(cfg) if cfg.mla.enabled else self.head_dim**-0.5
-        # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
-        # needs as many key as query heads, no per-tensor q/k norm, whole-head rotary.
-        self.joint_qk = (
-            self.n_kv_heads == self.n_heads
-            and cfg.qk_norm == "none"
-            and self.rotary_dim == self.head_dim
-            and not cfg.mla.enabled
-        )
-        inv_freq, self.rope_scale = rope_frequencies(
-            self.rotary_dim, cfg.rope_theta, cfg.rope_scaling
-        )
-        self.inv_freq = inv_freq.to(self.device)
-        self.layers: list[EngineLayer] = []
-        self.loaded = False
-        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._rope: torch.Tensor | None = None
-        self._slots: torch.Tensor | None = None
+        self.weights = EngineWeights(cfg, self.num)
+        self.forward_pass = EngineForward(cfg, self.weights, moe_backend, self.router_noise)
         self._kept_routing: torch.Tensor | None = None  # the compiled step's (_routing_buffer)
-        # Expert parallelism (trainer.model.expert_parallel): this rank holds the
-        # experts of ``expert_shard`` only; load_weights then takes those slices and
-        # every MoE layer sends its rows to their experts' rank and back.
-        self.expert_shard = None
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take the training model's ``state_dict()`` (``EngineWeights.load``)."""
+        self.weights.load(state_dict)
+
+    @property
+    def layers(self) -> list[EngineLayer]:
+        return self.weights.layers
+
+    @property
+    def loaded(self) -> bool:
+        return self.weights.loaded
+
+    @property
+    def expert_shard(self):
+        """Expert parallelism (trainer.model.expert_parallel): this rank holds the
+        experts of ``expert_shard`` only; load_weights then takes those slices and
+        every MoE layer sends its rows to their experts' rank and back."""
+        return self.weights.expert_shard
+
+    @expert_shard.setter
+    def expert_shard(self, shard) -> None:
+        self.weights.expert_shard = shard
+
+    @property
+    def moe_backend(self) -> str:
+        return self.forward_pass.moe.backend
 
     @property
     def precision(self) -> str:
@@ -160,7 +167,9 @@ class RolloutEngine(EngineWeights, EngineForward):
             mask = attention_mask.to(self.device).bool()
             b, t = tokens.shape
             routing = self._routing_buffer(b, t)
-            logits = self._forward(tokens, positions_from_mask(mask), mask, None, routing, True)
+            logits = self.forward_pass.forward(
+                tokens, positions_from_mask(mask), mask, None, routing, True
+            )
             logprobs = prompt_logprobs(logits, tokens, mask, temperature)
         # Clones outside inference mode: callers may use them under autograd.
         packed = None
@@ -193,7 +202,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         self._check_loaded()
         p = prompt_tokens.shape[1]
         total = p + max_new_tokens
-        if total > self.cfg.max_seq_len and self.pos_emb is not None:
+        if total > self.cfg.max_seq_len and self.weights.pos_emb is not None:
             raise ValueError(f"prompt + max_new_tokens ({total}) exceeds max_seq_len")
         stop_ids = None
         if eos_id is not None:
@@ -257,16 +266,16 @@ class RolloutEngine(EngineWeights, EngineForward):
         # address from rollout to rollout (static for a CUDA graph, static_decode.mark_static).
         routing = self._routing_buffer(b, total, reuse=compiled)
         if use_kv_cache:
-            self._static_cache(b, total)
-            if self.pos_emb is None:
-                self._rope_table(total)
+            self.forward_pass.static_cache(b, total)
+            if self.weights.pos_emb is None:
+                self.forward_pass.rope_table(total)
             if compiled:
-                zero_cache(self)  # whole-width attention reads every column: finite
+                zero_cache(self)  # a bucket's attention reads all its columns: finite
                 if self._compiled_step is None:
                     self._compiled_step = compiled_decode(self, _compile_mode(self.device))
 
         # Prefill: every prompt position at once (prompt log-probs need all logits).
-        logits = self._forward(
+        logits = self.forward_pass.forward(
             tokens[:, :p],
             positions_from_mask(prompt_valid),
             prompt_valid,
@@ -291,12 +300,14 @@ class RolloutEngine(EngineWeights, EngineForward):
         # a fresh torch.tensor([col]) per token would be a host-to-device copy
         # (a sync on CUDA) and a new input for the captured graph each time.
         col_t = torch.full((1,), p, dtype=torch.long, device=self.device) if compiled else None
+        # The compiled step attends over a bucket of the cache, not all of it.
+        buckets = decode_buckets(total) if compiled else []
         for step in range(max_new_tokens):
             col = p + step
             if stream is not None and stop_ids is not None and step % self.stop_check_every == 0:
                 stream_state, stream_from = stream.get_state(), step
             logp = scaled_logprobs(next_logits, temperature)
-            nxt = sample_next(logp, temperature, top_p, stream)
+            nxt = sample_next(logp, temperature, top_p, stream, self.sampler)
             if stop_ids is None:  # no row ever stops: every row is alive
                 alive = None
                 tokens[:, col] = nxt
@@ -317,13 +328,14 @@ class RolloutEngine(EngineWeights, EngineForward):
                 break
             # Feed the sampled token (the next position id = real tokens before it).
             if use_kv_cache:
-                if compiled:  # the fixed-shape step: the whole cache, the column as data
+                if compiled:  # the fixed-shape step: a bucket of the cache, the column as data
                     next_logits = self._compiled_step(
-                        tokens[:, col], n_real, col_t, key_bias, routing
-                    )
+                        tokens[:, col], n_real, col_t, key_bias, routing,
+                        bucket_for(col + 1, buckets),
+                    )  # fmt: skip
                     col_t += 1
                 else:
-                    next_logits = self._decode(
+                    next_logits = self.forward_pass.decode(
                         tokens[:, col],
                         n_real,
                         col,
@@ -350,7 +362,9 @@ class RolloutEngine(EngineWeights, EngineForward):
             if routing is not None:
                 routing[:, :, p + stop :] = 0  # columns fed only after the stop
             if stream is not None:
-                replay_draws(stream, stream_state, stop + 1 - stream_from, next_logits)
+                replay_draws(
+                    stream, stream_state, stop + 1 - stream_from, next_logits, self.sampler
+                )
         return tokens, mask, logprobs, routing, end
 
     def _group_stop_step(self, local_stop: int) -> int:
@@ -396,7 +410,7 @@ class RolloutEngine(EngineWeights, EngineForward):
         """Without a KV cache: a full forward over columns 0..col, the (B, V) logits of
         the last one; column ``col``'s routing is copied into ``routing`` (L, B, T, k)."""
         step_routing = None if routing is None else self._routing_buffer(tokens.shape[0], col + 1)
-        next_logits = self._forward(
+        next_logits = self.forward_pass.forward(
             tokens[:, : col + 1],
             positions_from_mask(mask[:, : col + 1]),
             mask[:, : col + 1],

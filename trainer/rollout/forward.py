@@ -3,9 +3,10 @@
 The same formulas as the training model (``trainer.model.layers``: positions,
 rotary angles, the attention mask; ``trainer.model.dispatch``: the grouped
 expert matmul), computed with the engine's numerics and a preallocated static
-KV cache, so the numbers differ the way an inference engine's do. Mixed into
-``RolloutEngine``, which sets the attributes used here in ``__init__`` and
-``load_weights``.
+KV cache, so the numbers differ the way an inference engine's do. One part of
+``RolloutEngine``, which owns it: it reads the engine's weights
+(``trainer.rollout.weights.EngineWeights``) and keeps the KV cache, the rotary
+table and the dispatch's slot index between calls.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from trainer.model.activations import gated_hidden
-from trainer.model.dispatch import Dispatch, expert_counts, resolve_backend
-from trainer.model.expert_parallel import run_on_owners
+from trainer.config import ModelConfig
 from trainer.model.layers import (
     apply_rotary,
     attention_bias_mask,
@@ -28,37 +27,87 @@ from trainer.model.layers import (
     rotary_cos_sin,
     sink_attention,
 )
-from trainer.model.routing import affinities, choice_scores, gate_weights, select_experts
+from trainer.model.mla import mla_softmax_scale
+from trainer.rollout.experts import EngineMoE, swiglu
 from trainer.rollout.mla import latent_cache_shape, latent_output, latent_rows
-from trainer.rollout.weights import EngineLayer
+from trainer.rollout.router_noise import RouterNoise
+from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
 class EngineForward:
-    """Prefill (``_forward``) and one-token decode (``_decode``) over ``self.layers``."""
+    """Prefill (``forward``) and one-token decode (``decode``) over ``weights.layers``.
 
-    def _static_cache(self, batch: int, length: int):
-        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls.
+    cfg: the model's shape; weights: the engine's weights (filled by each sync);
+    moe_backend: the expert GEMMs' backend (``trainer.model.dispatch``);
+    router_noise: the routing-only dose, or None.
+    """
 
-        Latent attention caches one (L, B, 1, S, r + d_r) buffer of latent rows; its
-        values are a view of the rows' first r columns (``trainer.rollout.mla``)."""
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: EngineWeights,
+        moe_backend: str = "auto",
+        router_noise: RouterNoise | None = None,
+    ):
+        self.cfg = cfg
+        self.weights = weights
+        self.num = weights.num
+        self.device = weights.device
+        self.moe = EngineMoE(cfg, weights, moe_backend, router_noise)
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.resolved_n_kv_heads
+        self.head_dim = cfg.resolved_head_dim
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.qkv_split = (self.n_heads * self.head_dim, kv_dim, kv_dim)
+        # Rotary covers the first rotary_dim of each head (all of it but under partial
+        # rotary; the rope part of a latent-attention head).
+        self.rotary_dim = cfg.resolved_rotary_dim
+        self.attn_scale = mla_softmax_scale(cfg) if cfg.mla.enabled else self.head_dim**-0.5
+        # The decode fast path rotates q and k as one (B, 2, H, hd) view; it
+        # needs as many key as query heads, no per-tensor q/k norm, whole-head rotary.
+        self.joint_qk = (
+            self.n_kv_heads == self.n_heads
+            and cfg.qk_norm == "none"
+            and self.rotary_dim == self.head_dim
+            and not cfg.mla.enabled
+        )
+        inv_freq, self.rope_scale = rope_frequencies(
+            self.rotary_dim, cfg.rope_theta, cfg.rope_scaling
+        )
+        self.inv_freq = inv_freq.to(self.device)
+        # Kept between calls: (keys, values) cache buffers, one tensor per layer each,
+        # the (S, 2, hd) rotary table (static_decode marks them static).
+        self.cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.rope: torch.Tensor | None = None
+
+    def static_cache(self, batch: int, length: int):
+        """Preallocated key and value buffers, one (B, Hkv, S, hd) tensor per layer
+        each, reused across calls.
+
+        Latent attention caches one (B, 1, S, r + d_r) buffer of latent rows per
+        layer; its values are a view of the rows' first r columns
+        (``trainer.rollout.mla``). One tensor per layer, not one (L, ...) stack: a
+        compiled step writes layer i's column in place (``index_copy_``), and
+        inductor turns an in-place write into a view of a graph input into a copy
+        of the whole input and a copy back (its generated code for the stacked
+        cache copied the whole cache every step); a write into a whole input it
+        keeps in place, as transformers' StaticCache (one tensor per layer) relies on."""
         if self.cfg.mla.enabled:
-            shape = latent_cache_shape(self.cfg, batch, length)
+            shape = latent_cache_shape(self.cfg, batch, length)[1:]
         else:
-            shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
-        if (
-            self._cache is None
-            or self._cache[0].shape[:2] != shape[:2]
-            or (self._cache[0].shape[3] < length)
-        ):
-            keys = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+            shape = (batch, self.n_kv_heads, length, self.head_dim)
+        cache = self.cache
+        if cache is None or cache[0][0].shape[0] != batch or cache[0][0].shape[2] < length:
+            keys = [torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                    for _ in range(self.cfg.n_layers)]  # fmt: skip
             if self.cfg.mla.enabled:
-                values = keys[..., : self.cfg.mla.kv_lora_rank]
+                values = [k[..., : self.cfg.mla.kv_lora_rank] for k in keys]
             else:
-                values = torch.empty(shape, dtype=self.num.dtype, device=self.device)
-            self._cache = (keys, values)
-        return self._cache
+                values = [torch.empty_like(k) for k in keys]
+            self.cache = (keys, values)
+        return self.cache
 
-    def _rope_table(self, length: int) -> torch.Tensor:
+    def rope_table(self, length: int) -> torch.Tensor:
         """(S, 2, hd) fp32: cos and sign-folded sin for positions 0..S-1, grown on demand.
 
         cos[p] equals ``rotary_cos_sin`` at position p bit for bit (same
@@ -67,13 +116,13 @@ class EngineForward:
         products are sign-symmetric): one lookup and one roll per decode step
         instead of recomputing the angles and a neg + cat.
         """
-        if self._rope is None or self._rope.shape[0] < length:
+        if self.rope is None or self.rope.shape[0] < length:
             positions = torch.arange(length, device=self.device)[None]
             cos, sin = (t[0, 0] for t in rotary_cos_sin(positions, self.inv_freq, self.rope_scale))
             half = self.rotary_dim // 2
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-            self._rope = torch.stack((cos, sin), dim=1)
-        return self._rope
+            self.rope = torch.stack((cos, sin), dim=1)
+        return self.rope
 
     def _inv_freq_for(self, positions: torch.Tensor) -> torch.Tensor:
         """Rotary frequencies for these positions: fixed, except dynamic NTK scaling
@@ -88,9 +137,9 @@ class EngineForward:
 
     def _decode_angles(self, position: torch.Tensor) -> torch.Tensor:
         """(B, 2, hd) cos and sign-folded sin for the decode positions (B,): rows of
-        ``_rope_table``, or computed afresh where dynamic NTK scaling grows the base."""
+        ``rope_table``, or computed afresh where dynamic NTK scaling grows the base."""
         if dynamic_rope_length(position, self.cfg.rope_scaling) is None:
-            return self._rope[position]
+            return self.rope[position]
         cos, sin = rotary_cos_sin(position[:, None], self._inv_freq_for(position))
         cos, sin = cos[:, 0, 0], sin[:, 0, 0]  # (B, hd)
         half = self.rotary_dim // 2
@@ -125,111 +174,6 @@ class EngineForward:
             k = self.num.round_(self._norm(k, layer.k_norm))
         return q, k, v
 
-    def _swiglu(
-        self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
-    ) -> torch.Tensor:
-        """Dense SwiGLU as the trainer's (three plain linears, the faster layout)."""
-        gate, up = self.num.linear(x, w_gate), self.num.linear(x, w_up)
-        return self.num.linear(self.num.round_(F.silu(gate).mul_(up)), w_down)
-
-    def _dispatch(self, top: torch.Tensor, n_experts: int) -> Dispatch:
-        """Assignments (N, k) sorted by expert: the same order as
-        ``Dispatch.from_indices`` (a stable sort by expert id keeps the slot
-        order within an expert) in fewer ops."""
-        flat = top.view(-1)
-        n = flat.numel()
-        if self._slots is None or self._slots.numel() < n:
-            self._slots = torch.arange(n, device=flat.device)
-        slots = self._slots[:n]
-        order = torch.argsort(flat, stable=True)
-        # Counts by search in the sorted ids: bincount syncs on CUDA.
-        counts, offsets = expert_counts(flat.index_select(0, order), n_experts)
-        return Dispatch(
-            order=order,
-            inverse=torch.empty_like(order).scatter_(0, order, slots),
-            token=order.div(top.shape[-1], rounding_mode="floor"),
-            counts=counts,
-            offsets=offsets,
-        )
-
-    def _moe(self, x: torch.Tensor, layer: EngineLayer) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (N, D) stored activations -> (y (N, D), natural top-k (N, k))."""
-        num = self.num
-        # Router input is the stored (half) activation; logits come out of a
-        # half GEMM, then temperature and softmax in fp32.
-        logits = num.linear(x, layer.router, fp8=False).float()
-        if layer.router_bias is not None:
-            logits = logits + layer.router_bias
-        if layer.has_temperature:
-            logits = logits / layer.router_temperature
-        # The router's formulas are the training model's (trainer.model.routing).
-        rc = self.cfg.router
-        scores = affinities(logits, rc.score)
-        perturb = None
-        if self.router_noise is not None:
-            # Only the choice moves; the gates below read the unperturbed scores.
-            def perturb(choice: torch.Tensor) -> torch.Tensor:
-                return self.router_noise.perturb(choice, x, layer.moe_index)
-
-        bias = layer.selection_bias if layer.has_selection_bias else None
-        top = select_experts(
-            choice_scores(logits, bias, rc.score, perturb),
-            self.cfg.top_k,
-            rc.n_groups,
-            rc.topk_groups,
-            rc.group_score,
-        )
-        gates = gate_weights(scores, top, self.cfg.norm_topk_prob, rc.score, rc.scaling)
-
-        shard = self.expert_shard
-        dispatch = self._dispatch(top, shard.n_experts if shard else layer.router.shape[0])
-        xs = num.expert_input(x.index_select(0, dispatch.token))
-        # Resolved on the rows the expert GEMMs get: under fp8 with emulated experts
-        # they are fp32 even where the engine stores bf16 (trainer.rollout.numerics).
-        backend = resolve_backend(self.moe_backend, xs)
-
-        ffn = self.cfg.expert_ffn
-        plain = ffn.activation == "swiglu"
-
-        def experts(rows: torch.Tensor, groups: Dispatch) -> torch.Tensor:
-            gate_up = num.expert_linear(rows, layer.experts_gate_up, groups, backend)
-            row_expert = None
-            if layer.experts_gate_up_bias is not None:  # GPT-OSS
-                row_expert = groups.row_experts(rows.shape[0])
-                gate_up = num.round_(gate_up + layer.experts_gate_up_bias[row_expert])
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate).mul_(up) if plain else gated_hidden(gate, up, ffn)
-            out = num.expert_linear(
-                num.expert_input(num.round_(act)), layer.experts_down, groups, backend
-            )
-            if row_expert is not None:
-                out = num.round_(out + layer.experts_down_bias[row_expert])
-            return out
-
-        ys = (
-            experts(xs, dispatch)
-            if shard is None
-            else run_on_owners(xs, dispatch.counts, shard, experts)
-        )
-        n, k = top.shape
-        per_token = ys.index_select(0, dispatch.inverse).view(n, k, -1)
-        # Gate-weighted sum over the k slots. In fp32, multiply-then-sum gives
-        # the same bits as the training layer's (1, k) @ (k, D) bmm (no fused
-        # multiply-add there either) at a third of the cost for small batches;
-        # half-precision storage keeps the bmm and its fp32 accumulation.
-        if ys.dtype == torch.float32:
-            y = (gates[:, :, None] * per_token).sum(1)
-        else:
-            y = torch.bmm(gates.to(ys.dtype)[:, None, :], per_token).squeeze(1)
-        if layer.shared_gate is not None:
-            shared = self._swiglu(x, layer.shared_gate, layer.shared_up, layer.shared_down)
-            if layer.shared_expert_gate is not None:
-                shared = num.round_(
-                    torch.sigmoid(num.linear(x, layer.shared_expert_gate, fp8=False)) * shared
-                )
-            y = y + shared
-        return num.round_(y), top
-
     def _latent_prefill(self, layer, h, rope, cache, cache_start, i, mask4d) -> torch.Tensor:
         """Latent attention over new tokens h (B, T, D) (``trainer.rollout.mla``): their
         latent rows written to the cache at [cache_start, cache_start + T) when there is
@@ -238,17 +182,20 @@ class EngineForward:
         keys = rows
         if cache is not None:
             end = cache_start + rows.shape[2]
-            cache[0][i, :, :, cache_start:end] = rows
-            keys = cache[0][i, :, :, :end]
+            cache[0][i][:, :, cache_start:end] = rows
+            keys = cache[0][i][:, :, :end]
         values = keys[..., : self.cfg.mla.kv_lora_rank]
         # Multi-query attention over the latent: one key/value head for the H queries.
         attended = F.scaled_dot_product_attention(
-            query, keys.expand(-1, self.n_heads, -1, -1), values.expand(-1, self.n_heads, -1, -1),
-            attn_mask=mask4d, scale=self.attn_scale,
-        )  # fmt: skip
+            query,
+            keys.expand(-1, self.n_heads, -1, -1),
+            values.expand(-1, self.n_heads, -1, -1),
+            attn_mask=mask4d,
+            scale=self.attn_scale,
+        )
         return latent_output(self, layer.mla, self.num.round_(attended))
 
-    def _forward(
+    def forward(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
@@ -271,18 +218,18 @@ class EngineForward:
         num = self.num
         b, t = tokens.shape
         d = self.cfg.d_model
-        x = self.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
+        x = self.weights.tok_emb[tokens]  # rows of a stored (rounded-at-load) table
         rope = None
-        if self.pos_emb is not None:
-            x = num.round_(x + self.pos_emb[positions])
+        if self.weights.pos_emb is not None:
+            x = num.round_(x + self.weights.pos_emb[positions])
         else:
             rope = rotary_cos_sin(positions, self._inv_freq_for(positions), self.rope_scale)
         mask4d = attention_bias_mask(key_valid, t)
         window = self.cfg.sliding_window
         slide4d = attention_bias_mask(key_valid, t, window) if window is not None else None
-        cache = self._cache if cache_start is not None else None
+        cache = self.cache if cache_start is not None else None
         moe_i = 0
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.weights.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
             mask_i = slide4d if self.cfg.uses_sliding_window(i) else mask4d
             if layer.mla is not None:
@@ -294,9 +241,9 @@ class EngineForward:
                     q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
                 if cache is not None:
                     end = cache_start + t
-                    cache[0][i, :, :, cache_start:end] = k
-                    cache[1][i, :, :, cache_start:end] = v
-                    k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+                    cache[0][i][:, :, cache_start:end] = k
+                    cache[1][i][:, :, cache_start:end] = v
+                    k, v = cache[0][i][:, :, :end], cache[1][i][:, :, :end]
                 k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
                 y = num.round_(_attention(q, k, v, mask_i, layer.sinks))
                 y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
@@ -304,16 +251,16 @@ class EngineForward:
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
-                y, top = self._moe(h.view(b * t, d), layer)
+                y, top = self.moe(h.view(b * t, d), layer)
                 y = y.view(b, t, d)
                 if routing_out is not None:
                     routing_out[moe_i] = top.view(b, t, -1)
                 moe_i += 1
             else:
-                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+                y = swiglu(self.num, h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
-        h = num.round_(self._norm(x if all_positions else x[:, -1], self.norm_f))
-        return num.linear(h, self.lm_head, fp8=False).float()
+        h = num.round_(self._norm(x if all_positions else x[:, -1], self.weights.norm_f))
+        return num.linear(h, self.weights.lm_head, fp8=False).float()
 
     def _attend_one(self, q, keys, values, bias, sinks, n_kv: int, groups: int) -> torch.Tensor:
         """One query per row over the cache, by hand: for one query SDPA's blocked CPU
@@ -346,7 +293,7 @@ class EngineForward:
         attended = self._attend_one(query[:, :, 0], keys, values, bias, None, 1, self.n_heads)
         return latent_output(self, layer.mla, attended.view(b, self.n_heads, 1, r))[:, 0]
 
-    def _decode(
+    def decode(
         self,
         token: torch.Tensor,
         position: torch.Tensor,
@@ -354,7 +301,7 @@ class EngineForward:
         key_bias: torch.Tensor,
         routing_out: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One cached decode step: the same math as ``_forward`` with T == 1,
+        """One cached decode step: the same math as ``forward`` with T == 1,
         written for the fewest ops (decode is bound by per-op overhead).
 
         token, position: (B,) the token fed at cache column ``col`` and its
@@ -364,10 +311,10 @@ class EngineForward:
         for the natural top-k, or None. Returns fp32 logits (B, V).
 
         The cache is read up to column ``col`` (a slice that grows per token);
-        ``trainer.rollout.static_decode`` runs the same loop over the whole
-        cache width for a compiler or a CUDA graph.
+        ``trainer.rollout.static_decode`` runs the same loop over a fixed-width
+        bucket of the cache for a compiler or a CUDA graph.
         """
-        keys, values = self._cache
+        keys, values = self.cache
         end = col + 1
         slide_bias = None
         if self.cfg.sliding_window is not None:
@@ -376,19 +323,19 @@ class EngineForward:
             slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
 
         def kv(i: int, k: torch.Tensor, v: torch.Tensor):
-            keys[i, :, :, col] = k
-            values[i, :, :, col] = v
+            keys[i][:, :, col] = k
+            values[i][:, :, col] = v
             bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
-            return keys[i, :, :, :end], values[i, :, :, :end], bias
+            return keys[i][:, :, :end], values[i][:, :, :end], bias
 
         def store_routing(moe_i: int, top: torch.Tensor) -> None:
             routing_out[moe_i] = top
 
-        return self._decode_layers(
+        return self.decode_layers(
             token, position, kv, None if routing_out is None else store_routing
         )
 
-    def _decode_layers(
+    def decode_layers(
         self,
         token: torch.Tensor,
         position: torch.Tensor,
@@ -407,16 +354,16 @@ class EngineForward:
         n_heads, n_kv, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
         rd = self.rotary_dim
         groups = n_heads // n_kv
-        x = self.tok_emb[token]  # (B, D), rows of a stored table
+        x = self.weights.tok_emb[token]  # (B, D), rows of a stored table
         cos = sin = None
-        if self.pos_emb is not None:
-            x = num.round_(x + self.pos_emb[position])
+        if self.weights.pos_emb is not None:
+            x = num.round_(x + self.weights.pos_emb[position])
         else:
             angles = self._decode_angles(position)  # (B, 2, rd)
             cos = angles[:, 0].view(b, 1, 1, rd)
             sin = angles[:, 1].view(b, 1, 1, rd)
         moe_i = 0
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.weights.layers):
             h = num.round_(self._norm(x, layer.attn_norm))
             if layer.mla is not None:
                 y = self._latent_decode(layer, h, cos, sin, kv, i)
@@ -440,20 +387,20 @@ class EngineForward:
 
             h = num.round_(self._norm(x, layer.ffn_norm))
             if layer.is_moe:
-                y, top = self._moe(h, layer)
+                y, top = self.moe(h, layer)
                 if store_routing is not None:
                     store_routing(moe_i, top)
                 moe_i += 1
             else:
-                y = self._swiglu(h, layer.w_gate, layer.w_up, layer.w_down)
+                y = swiglu(self.num, h, layer.w_gate, layer.w_up, layer.w_down)
             x = num.round_(x + y)
-        h = num.round_(self._norm(x, self.norm_f))
-        return num.linear(h, self.lm_head, fp8=False).float()
+        h = num.round_(self._norm(x, self.weights.norm_f))
+        return num.linear(h, self.weights.lm_head, fp8=False).float()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int):
     """Rotary on the first ``rotary_dim`` of (..., hd) with the sign-folded sin table
-    (``_rope_table``), in fp32; the other dims pass (partial rotary, GLM-4.5)."""
+    (``rope_table``), in fp32; the other dims pass (partial rotary, GLM-4.5)."""
     if x.shape[-1] > rotary_dim:
         rotated = _rotate(x[..., :rotary_dim], cos, sin, rotary_dim)
         return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)

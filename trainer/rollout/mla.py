@@ -58,7 +58,7 @@ def load_mla(engine, sd: dict[str, torch.Tensor], prefix: str) -> MlaWeights:
         return engine.num.gemm_weight(sd[prefix + key], prefix + key)
 
     kv_b = w(sd[prefix + "kv_b.weight"]).view(
-        engine.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank
+        engine.cfg.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank
     )
     out = MlaWeights(
         kv_a=g("kv_a.weight"),
@@ -107,7 +107,7 @@ def latent_output(engine, mla: MlaWeights, attended: torch.Tensor) -> torch.Tens
 
 def latent_cache_shape(cfg, batch: int, length: int) -> tuple[int, ...]:
     """(L, B, 1, S, r + d_r): one latent row per token and layer; the values are a
-    view of its first r columns (``EngineForward._static_cache``)."""
+    view of its first r columns (``EngineForward.static_cache``)."""
     m = cfg.mla
     return (cfg.n_layers, batch, 1, length, m.kv_lora_rank + m.qk_rope_head_dim)
 

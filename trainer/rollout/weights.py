@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.config import ModelConfig
 from trainer.rollout.fp8 import Fp8Experts, Fp8Weight
 from trainer.rollout.mla import MlaWeights, load_mla
+from trainer.rollout.numerics import Numerics
 
 # A projection's weight: a tensor, or e4m3 data and scale under native fp8.
 Proj = torch.Tensor | Fp8Weight
@@ -68,11 +70,28 @@ class EngineLayer:
 
 
 class EngineWeights:
-    """``load_weights`` and its helpers; the engine sets ``cfg``, ``num``, ``device``
-    and ``layers`` (``trainer.rollout.engine.RolloutEngine.__init__``)."""
+    """The engine's weights in its own layout and storage precision: embeddings,
+    ``layers`` (``EngineLayer``), the final norm and the head; empty until the first
+    ``load``. One part of ``RolloutEngine``; its forward (``EngineForward``) reads them.
+
+    Under expert parallelism (``trainer.model.expert_parallel``) ``expert_shard``
+    names the experts this rank holds; ``load`` then takes those slices.
+    """
+
+    def __init__(self, cfg: ModelConfig, num: Numerics):
+        self.cfg = cfg
+        self.num = num
+        self.device = num.device
+        self.tok_emb: torch.Tensor | None = None
+        self.pos_emb: torch.Tensor | None = None
+        self.norm_f: torch.Tensor | None = None
+        self.lm_head: torch.Tensor | None = None
+        self.layers: list[EngineLayer] = []
+        self.loaded = False
+        self.expert_shard = None
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def load(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the training model's ``state_dict()``: round once to this
         engine's precision and re-lay out (fuse the experts' gate|up)."""
         w = self.num.weight

@@ -7,7 +7,7 @@ and renamed, so a crash mid-write never leaves a truncated ``last.pt``. The
 temporary name is unique to the writing process (host and pid), so two
 trainers that ever met in one folder could not interleave bytes in one file.
 
-Over several ranks (trainer/distributed.py) rank 0 writes ``last.pt`` with the
+Over several ranks (trainer/distributed/) rank 0 writes ``last.pt`` with the
 world size and every rank's RNG; under FSDP the model, the reference and the
 optimiser are saved sharded with torch.distributed.checkpoint into
 ``sharded-step{N}/`` (every rank writes its shard) and ``last.pt`` names that

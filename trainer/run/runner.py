@@ -18,7 +18,7 @@ SIGTERM finishes the current step, checkpoints and ends with status cancelled
 
 Started by torchrun (run.gpus > 1), every rank runs this loop on its share of
 the step's prompts and every statistic is reduced over the ranks; rank 0 alone
-writes the run folder (trainer/distributed.py, docs/distributed.md).
+writes the run folder (trainer/distributed/, docs/distributed.md).
 The trainer holds the run folder's lock for its whole life and, under a
 supervisor, stops without a checkpoint once its lease expires
 (trainer/run_folder/guard.py).
@@ -39,11 +39,8 @@ import torch
 
 from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
-from trainer.analysis.survival import GAP_STEPS, mean_gap
+from trainer.analysis.run_record import GAP_STEPS
 from trainer.config import ExperimentConfig
-from trainer.devices.environment import environment_record
-from trainer.devices.mps import mps_active
-from trainer.devices.packing import memory_share
 from trainer.devices.run_mode import numerics_mode, phase_clock
 from trainer.distributed import (
     SINGLE,
@@ -54,10 +51,10 @@ from trainer.distributed import (
     rank_device,
     shutdown_distributed,
 )
+from trainer.errors import FieldError
 from trainer.hf.loader import resolve_model_source
 from trainer.model.expert_parallel import expert_shards, slice_expert_shards
 from trainer.rollout.data import RolloutData
-from trainer.rollout.numerics import Numerics
 from trainer.run.batches import collate_prompts, decode_responses, repeat_for_groups
 from trainer.run.checkpoint import (
     check_world_size,
@@ -71,11 +68,11 @@ from trainer.run.context import (
     build_context,
     resolve_device,
 )
-from trainer.run.device_record import device_record
 from trainer.run.measure_step import measure_batch
 from trainer.run.progress import Progress
 from trainer.run.schedules import entropy_coef_at, lr_at, prompts_at
 from trainer.run.stop import StopFlag, StopRequested
+from trainer.run.summary import run_summary
 from trainer.run_folder.files import CONFIG_FILE, SUMMARY_FILE, MetricsWriter, write_json_atomic
 from trainer.run_folder.guard import Lease, LeaseExpired, RunDirLock
 
@@ -132,7 +129,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     # torchrun's ranks join one process group; without torchrun this is SINGLE.
     dist = init_distributed(
-        cfg.run.ranks,
+        cfg.run.world_size,
         resolve_device(cfg.run.device),
         cfg.parallel.strategy,
         cfg.parallel.timeout_s,
@@ -143,10 +140,18 @@ def train(
         quiet = None if dist.is_main else open(os.devnull, "w")  # noqa: SIM115
         progress = Progress(cfg.run.steps, stream=quiet)
         inv = Invocation(
-            cfg, run_dir, resume, stop_after, StopFlag(), progress,
+            cfg,
+            run_dir,
+            resume,
+            stop_after,
+            StopFlag(),
+            progress,
             (log or progress.message) if dist.is_main else progress.message,
-            time.perf_counter(), lease or Lease(None, 0), dist, stop_at,
-        )  # fmt: skip
+            time.perf_counter(),
+            lease or Lease(None, 0),
+            dist,
+            stop_at,
+        )
         inv.stop.install()
         finished = False
         try:
@@ -173,7 +178,7 @@ def _train(inv: Invocation) -> dict[str, Any]:
     except StopRequested:  # stopped during the warm start: nothing to checkpoint yet
         collapse = CollapseDetector(cfg.run.collapse)
         status = "stopped" if inv.past_deadline() and not inv.stop.requested else "cancelled"
-        summary = _summary(cfg, RunState(), collapse, status, time.perf_counter() - inv.t_start)
+        summary = run_summary(cfg, RunState(), collapse, status, time.perf_counter() - inv.t_start)
         if main:
             write_json_atomic(inv.run_dir / SUMMARY_FILE, summary)
         return summary
@@ -187,7 +192,7 @@ def _train(inv: Invocation) -> dict[str, Any]:
     except LeaseExpired:
         raise  # another attempt may own the run now: write nothing more
     except Exception as exc:
-        summary = _summary(
+        summary = run_summary(
             cfg, ctx.state, ctx.collapse, "failed", time.perf_counter() - inv.t_start
         )
         summary["error"] = _error_text(exc, inv.dist)
@@ -198,7 +203,7 @@ def _train(inv: Invocation) -> dict[str, Any]:
         if metrics_out is not None:
             metrics_out.close()
         ctx.task.close()  # a custom reward function's process
-    summary = _summary(cfg, ctx.state, ctx.collapse, status, ctx.state.wall_time_s)
+    summary = run_summary(cfg, ctx.state, ctx.collapse, status, ctx.state.wall_time_s)
     summary.update({"task_data": ctx.task.data_report()} if ctx.task.data_report() else {})
     if ctx.task.reward_timeouts():
         summary["reward_timeouts"] = ctx.task.reward_timeouts()
@@ -282,6 +287,21 @@ def _record(ctx: RunContext, inv: Invocation, step: int, metrics: dict[str, Any]
     """6. record: batch accuracy, held-out evaluation when due, collapse check."""
     cfg = ctx.cfg
     finite = bool(metrics.pop("_finite"))
+    if not finite and step == 0:
+        # Nothing was learned yet: the starting weights (or a config that overflows
+        # at once) make the loss undefined. That is a failed run, not a collapse.
+        where = "model.source" if cfg.model.source != "builtin" else "optim.lr"
+        raise FieldError(
+            [
+                (
+                    where,
+                    "the loss or gradient is not finite at the first step (policy/loss "
+                    f"{metrics.get(K.POLICY_LOSS)}): NaN or Inf in the starting weights, or a "
+                    "config that overflows at once; the run failed before training, it did "
+                    "not collapse",
+                )
+            ]
+        )
     acc = metrics[K.REWARD_ACCURACY]
     ctx.state.accuracy_history.append(acc)
     gap = metrics.get(K.MISMATCH_ROUTING_INCONSISTENCY)
@@ -360,7 +380,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     lr = lr_at(step, cfg.run.steps, cfg.optim)
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
     metrics.update(ctx.updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
-    stabilizers.end_step(step)
+    metrics.update(stabilizers.end_step(step))
     t_train = phase_clock(device)
 
     # Sums and counts over every rank's samples (a rank's mean weighs its rows).
@@ -411,63 +431,6 @@ def _error_text(exc: Exception, dist: DistContext) -> str:
             f"(a collective failed after at most parallel.timeout_s): {text}"
         )
     return f"rank {dist.rank} of {dist.world_size}: {text}"
-
-
-def _summary(cfg, state: RunState, collapse: CollapseDetector, status: str, wall: float):
-    evals = [acc for _, acc in state.eval_history]
-    clean = [acc for _, acc in state.clean_eval_history]
-    device = resolve_device(cfg.run.device)
-    return {
-        "status": status,
-        "collapsed": collapse.collapsed,
-        "collapse_step": collapse.collapse_step,
-        "collapse_reason": collapse.collapse_reason,
-        "collapse_revoked": [list(r) for r in collapse.revoked],  # dips that recovered
-        "initial_accuracy": state.initial_accuracy,
-        "final_accuracy": evals[-1] if evals else None,
-        "best_accuracy": max(evals) if evals else None,
-        # The learning endpoint: held-out accuracy decoded without the engine's gap
-        # (the fields above: through the rollout engine, its gap included).
-        "initial_accuracy_clean": state.initial_accuracy_clean,
-        "final_accuracy_clean": clean[-1] if clean else None,
-        "best_accuracy_clean": max(clean) if clean else None,
-        "final_batch_accuracy": state.accuracy_history[-1] if state.accuracy_history else None,
-        "steps": state.step,
-        "total_steps": cfg.run.steps,
-        "wall_time_s": round(wall, 3),
-        "dose": _dose(cfg, state),
-        # Device, capability, numerics mode and MoE backends the run used (docs/gpu.md).
-        "device": {
-            **device_record(cfg, device, Numerics(cfg.rollout.precision, device).dtype),
-            # a packed slot's share of its GPU's memory (None: the whole device)
-            "memory_share": memory_share() if device.type == "cuda" else None,
-            # a client of the study's MPS daemon (trainer.devices.mps), None off CUDA
-            "mps": mps_active() if device.type == "cuda" else None,
-        },
-        # The machine: CPU model and capability, torch and BLAS build, GPUs (a CPU
-        # run's bits depend on them; trainer/devices/environment.py).
-        "environment": environment_record(),
-    }
-
-
-def _dose(cfg: ExperimentConfig, state: RunState) -> dict[str, Any]:
-    """The run's training-inference gap: what it was set to (router noise sigma, kind,
-    whose seed drew the projections, the rollout precision) and what it measured,
-    the routing gap over its first steps (the covariate of the causal analysis,
-    trainer.analysis.survival.run_gap; None for a dense model)."""
-    from trainer.rollout.router_noise import noise_seed
-
-    ro = cfg.rollout
-    noisy = cfg.model.is_moe and ro.router_noise > 0
-    return {
-        "rollout_precision": ro.precision,
-        "router_noise": ro.router_noise if cfg.model.is_moe else 0.0,
-        "router_noise_kind": ro.router_noise_kind if noisy else None,
-        "router_noise_draw": ro.router_noise_draw if noisy else None,
-        "projection_seed": noise_seed(cfg) if noisy and ro.router_noise_kind == "fixed" else None,
-        "routing_gap": mean_gap(state.gap_history) if cfg.model.is_moe else None,
-        "routing_gap_steps": len(state.gap_history),
-    }
 
 
 def run_from_cli(

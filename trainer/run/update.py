@@ -271,24 +271,36 @@ class PolicyUpdater:
         if algo.spec.ratio == "sequence":
             policy_agg = "seq_mean"
             policy_loss, pstats = gspo_policy_loss(
-                logp, old_logp, advantages[rows], mask,
-                algo.clip_eps_low, algo.clip_eps_high, token_weights=token_weights,
-            )  # fmt: skip
+                logp,
+                old_logp,
+                advantages[rows],
+                mask,
+                algo.clip_eps_low,
+                algo.clip_eps_high,
+                token_weights=token_weights,
+            )
         else:
             policy_agg = algo.loss_agg
             policy_loss, pstats = clipped_policy_loss(
-                logp, old_logp, advantages[rows], mask,
-                algo.clip_eps_low, algo.clip_eps_high, algo.loss_agg,
+                logp,
+                old_logp,
+                advantages[rows],
+                mask,
+                algo.clip_eps_low,
+                algo.clip_eps_high,
+                algo.loss_agg,
                 token_weights=token_weights,
-            )  # fmt: skip
+            )
         loss = policy_loss * scale[policy_agg]
         # (local mean, weight) of every reported mean; reduced over ranks below.
         means: dict[str, tuple[float, float]] = {
             K.POLICY_LOSS: (policy_loss.item(), count[policy_agg]),
             # Token-ratio clip share over tokens; GSPO's sequence clip share over sequences.
-            K.POLICY_CLIP_FRAC: (float(pstats.clip_frac), count[policy_agg] if
-                                 algo.spec.ratio == "sequence" else n_tok),
-        }  # fmt: skip
+            K.POLICY_CLIP_FRAC: (
+                float(pstats.clip_frac),
+                count[policy_agg] if algo.spec.ratio == "sequence" else n_tok,
+            ),
+        }
 
         # The updated policy's distance from the rollout on this minibatch's tokens
         # (mismatch_stats' k3 with pi_theta in place of pi_old).

@@ -313,9 +313,12 @@ class PartialWarmStart:
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "snapshot": loop.snapshot,
-            "rng": {"python": rng.getstate(), "torch": torch.get_rng_state(),
-                    "cuda": self._cuda_rng()},
-        }  # fmt: skip
+            "rng": {
+                "python": rng.getstate(),
+                "torch": torch.get_rng_state(),
+                "cuda": self._cuda_rng(),
+            },
+        }
         try:
             _write_cache(self.path, blob)
         except OSError as exc:  # a full disk must not turn a stop into a crash

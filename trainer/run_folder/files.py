@@ -24,6 +24,9 @@ PROGRESS_FILE = "progress.json"  # the warm-start phase (trainer/run_folder/warm
 # A rank's own exit code, when it means something to the platform (bad config,
 # folder busy, lease expired): torchrun reports any failed rank as exit 1.
 EXIT_CODE_FILE = "exit_code"
+# The fields a `run` refused its config on (exit code 2), for the platform's run
+# form to show at each field: {"errors": [[dotted path, message], ...]}.
+FIELD_ERRORS_FILE = "field_errors.json"
 
 
 def _clean(value: Any) -> Any:
@@ -45,6 +48,29 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
     os.replace(tmp, path)
+
+
+def write_field_errors(run_dir: Path, errors: list[tuple[str, str]]) -> None:
+    """Leave a refused config's field errors in an existing run folder (the
+    platform made it); a fresh ``--out`` stays unwritten. Every rank may write
+    it: the last whole copy wins."""
+    if not run_dir.is_dir():
+        return
+    try:
+        tmp = run_dir / f"{FIELD_ERRORS_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps({"errors": [list(e) for e in errors]}))
+        os.replace(tmp, run_dir / FIELD_ERRORS_FILE)
+    except OSError:  # an unwritable folder: the exit status and the log still say it
+        pass
+
+
+def read_field_errors(run_dir: Path) -> list[tuple[str, str]] | None:
+    """The field errors a refused `run` left, or None (none, or unreadable)."""
+    try:
+        data = json.loads((run_dir / FIELD_ERRORS_FILE).read_text())
+        return [(str(path), str(message)) for path, message in data["errors"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def parse_metric_lines(blob: bytes) -> tuple[list[dict[str, Any]], bytes]:

@@ -51,8 +51,9 @@ class BaseMismatch(Exception):
 def base_environment(device: torch.device, state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Where a base was trained: the fields that must match (``MATCHED``) and, for
     the record, the device name and torch build."""
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()
-                     if t.is_floating_point()})  # fmt: skip
+    dtypes = sorted(
+        {str(t.dtype).removeprefix("torch.") for t in state.values() if t.is_floating_point()}
+    )
     env: dict[str, Any] = {
         "device_type": device.type,
         "capability": capability_label(device_capability(device)),

@@ -90,13 +90,19 @@ class Plan:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "device": self.device, "budget_s": self.budget_s, "parallel": self.parallel,
-            "packed_speedup": self.speedup, "speedup_source": self.speedup_source,
-            "bases_to_train": self.bases_to_train, "bases_imported": self.bases_imported,
-            "finish": len(self.finish), "stop_at_checkpoint": len(self.stop),
-            "not_started": len(self.not_started), "unknown_variants": self.unknown,
+            "device": self.device,
+            "budget_s": self.budget_s,
+            "parallel": self.parallel,
+            "packed_speedup": self.speedup,
+            "speedup_source": self.speedup_source,
+            "bases_to_train": self.bases_to_train,
+            "bases_imported": self.bases_imported,
+            "finish": len(self.finish),
+            "stop_at_checkpoint": len(self.stop),
+            "not_started": len(self.not_started),
+            "unknown_variants": self.unknown,
             "row_sources": self.sources,
-        }  # fmt: skip
+        }
 
     def text(self) -> str:
         lines = [
@@ -126,8 +132,11 @@ def device_kind(run_device: str = "auto") -> str:
         try:
             done = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20, check=True,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            )
             names = [n.strip() for n in done.stdout.splitlines() if n.strip()]
             if names:
                 return names[0]
@@ -171,12 +180,18 @@ def folder_rows(study: str, out: Path) -> list[StepRow]:
             if base.get("how") == "trained here" and base.get("seconds"):
                 warm.setdefault(sitting["device"], []).append(base["seconds"])
     return [
-        StepRow(device, study, variant, statistics.median(values),
-                start_s=_median(starts.get((device, variant), [])),
-                warm_start_s=_median(warm.get(device, [])), packed=packed[(device, variant)],
-                source=f"{len(values)} runs in {out}")
+        StepRow(
+            device,
+            study,
+            variant,
+            statistics.median(values),
+            start_s=_median(starts.get((device, variant), [])),
+            warm_start_s=_median(warm.get(device, [])),
+            packed=packed[(device, variant)],
+            source=f"{len(values)} runs in {out}",
+        )
         for (device, variant), values in sorted(steps.items())
-    ]  # fmt: skip
+    ]
 
 
 def merge_rows(rows: list[StepRow], path: Path) -> int:
@@ -184,8 +199,9 @@ def merge_rows(rows: list[StepRow], path: Path) -> int:
     study and variant); returns how many it holds."""
     data = json.loads(path.read_text())
     fresh = {(r.device, r.study, r.variant) for r in rows}
-    kept = [r for r in data["rows"]
-            if (r.get("device"), r.get("study"), r.get("variant")) not in fresh]  # fmt: skip
+    kept = [
+        r for r in data["rows"] if (r.get("device"), r.get("study"), r.get("variant")) not in fresh
+    ]
     data["rows"] = kept + [{"kind": "step", **asdict(r)} for r in rows]
     path.write_text(json.dumps(data, indent=2) + "\n")
     return len(data["rows"])
@@ -204,20 +220,30 @@ def _median(values: list[float]) -> float | None:
 
 
 def plan(
-    study: str, jobs: list[Job], device: str, budget_s: float, parallel: int,
-    bases_to_train: set[str], bases_imported: int, rows: list[StepRow],
+    study: str,
+    jobs: list[Job],
+    device: str,
+    budget_s: float,
+    parallel: int,
+    bases_to_train: set[str],
+    bases_imported: int,
+    rows: list[StepRow],
     shipped: list[dict[str, Any]] | None = None,
-) -> Plan:  # fmt: skip
+) -> Plan:
     """How many of ``jobs`` (in the order the study runs them) finish in ``budget_s``
     on ``device`` with ``parallel`` processes (module docstring)."""
     shipped = shipped_rows() if shipped is None else shipped
     fields = set(StepRow.__dataclass_fields__)
-    rows = rows + [StepRow(**{k: v for k, v in r.items() if k in fields})
-                   for r in shipped if r.get("kind", "step") == "step"]  # fmt: skip
+    rows = rows + [
+        StepRow(**{k: v for k, v in r.items() if k in fields})
+        for r in shipped
+        if r.get("kind", "step") == "step"
+    ]
     mine = [r for r in rows if r.device == device and r.study == study]
     speedup, speedup_source = packed_speedup(shipped, device, parallel)
-    result = Plan(device, budget_s, parallel, speedup, speedup_source,
-                  len(bases_to_train), bases_imported)  # fmt: skip
+    result = Plan(
+        device, budget_s, parallel, speedup, speedup_source, len(bases_to_train), bases_imported
+    )
 
     def slowdown(processes: int) -> float:
         """A packed run's step time over a lone run's, with ``processes`` at once."""
@@ -232,9 +258,9 @@ def plan(
             result.unknown.append(variant)
             continue
         step_of[variant] = step
-        start_of[variant] = _median([r.start_s for r in measured]) or _median(
-            [r.start_s for r in mine]
-        ) or 0.0  # fmt: skip
+        start_of[variant] = (
+            _median([r.start_s for r in measured]) or _median([r.start_s for r in mine]) or 0.0
+        )
         result.sources[variant] = f"{step:.3f} s/step, start {start_of[variant]:.0f} s, " + (
             measured[0].source
         )

@@ -94,9 +94,14 @@ def calibrate_base(
     for precision, sigma in [(p, s) for p in precisions for s in sigmas]:
         # The projections every run on this base draws (trainer.rollout.router_noise.noise_seed).
         noise = RouterNoise(
-            sigma, kind, n_moe, cfg.model.d_model, cfg.model.n_experts, seed=noise_seed(cfg),
+            sigma,
+            kind,
+            n_moe,
+            cfg.model.d_model,
+            cfg.model.n_experts,
+            seed=noise_seed(cfg),
             device=device,
-        )  # fmt: skip
+        )
         engine = RolloutEngine(
             cfg.model, vocab, precision=precision, device=device, router_noise=noise
         )

@@ -210,8 +210,11 @@ def check_overrides(study: StudyDefinition, overrides: list[str]) -> None:
     a MoE): refuse it, naming the variants, and say where it belongs."""
     paths = {item.split("=", 1)[0].strip() for item in overrides}
     for path in sorted(paths):
-        owners = [v.name for v in study.variants
-                  if any(o.split("=", 1)[0].strip() == path for o in v.overrides)]  # fmt: skip
+        owners = [
+            v.name
+            for v in study.variants
+            if any(o.split("=", 1)[0].strip() == path for o in v.overrides)
+        ]
         if owners:
             message = (
                 f"the variants {', '.join(owners)} set {path} themselves; "

@@ -131,8 +131,12 @@ def _collapse_windows_figure(results: dict[str, Any], path: Path, limit: int = 1
     ][:limit]
     if not runs:
         return None
-    keys = [(K.REWARD_ACCURACY, "batch acc"), (K.MISMATCH_KL_K3, "k3 (log)"),
-            (K.POLICY_ENTROPY, "entropy"), (K.POLICY_GRAD_NORM, "grad norm")]  # fmt: skip
+    keys = [
+        (K.REWARD_ACCURACY, "batch acc"),
+        (K.MISMATCH_KL_K3, "k3 (log)"),
+        (K.POLICY_ENTROPY, "entropy"),
+        (K.POLICY_GRAD_NORM, "grad norm"),
+    ]
     fig, axes = plt.subplots(len(runs), 4, figsize=(13, 1.9 * len(runs)), dpi=90, squeeze=False)
     for row, (name, seed) in enumerate(runs):
         step = seed["summary"]["collapse_step"]
@@ -168,10 +172,16 @@ def write_figures(results: dict[str, Any], out: Path) -> list[Path]:
             extra.append(windows)
     return [
         *extra,
-        _line_figure(results, K.MISMATCH_KL_K3, "training-inference KL k3 (x1e-3)", 1e3,
-                     out / "kl_k3.png"),
-        _line_figure(results, K.MISMATCH_ROUTING_INCONSISTENCY, "routing inconsistency (%)",
-                     100, out / "routing_inconsistency.png"),
+        _line_figure(
+            results, K.MISMATCH_KL_K3, "training-inference KL k3 (x1e-3)", 1e3, out / "kl_k3.png"
+        ),
+        _line_figure(
+            results,
+            K.MISMATCH_ROUTING_INCONSISTENCY,
+            "routing inconsistency (%)",
+            100,
+            out / "routing_inconsistency.png",
+        ),
         _line_figure(results, K.REWARD_ACCURACY, "batch accuracy", 1.0, out / "accuracy.png"),
         _collapse_figure(results, out / "collapse_steps.png"),
-    ]  # fmt: skip
+    ]

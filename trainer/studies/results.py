@@ -96,8 +96,10 @@ def _reference(study: StudyDefinition) -> str:
 
 
 def _times_events(seeds: list[dict]) -> tuple[list[int], list[bool]]:
-    times = [s["summary"]["collapse_step"] if s["summary"]["collapsed"] else s["summary"]["steps"]
-             for s in seeds]  # fmt: skip
+    times = [
+        s["summary"]["collapse_step"] if s["summary"]["collapsed"] else s["summary"]["steps"]
+        for s in seeds
+    ]
     return [int(t) for t in times], [bool(s["summary"]["collapsed"]) for s in seeds]
 
 

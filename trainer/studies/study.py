@@ -101,26 +101,43 @@ def run_study(
     t_begin, started = time.perf_counter(), time.time()
     jobs, plan_jobs, bases = _jobs(study, out, extra)
     total = len(study.variants) * len(study.seeds)
-    print(f"study {study.name}: {total} runs, {len(jobs)} to do, {study.parallel} at a time",
-          flush=True)  # fmt: skip
+    print(
+        f"study {study.name}: {total} runs, {len(jobs)} to do, {study.parallel} at a time",
+        flush=True,
+    )
     first = next(iter(bases.values()), None)
     kind = device or budget.device_kind(first.run.device if first else "auto")
     device_type = "cpu" if kind == "cpu" else "cuda"
     held = held_bases(bases_dir)
-    cached = {h for h, cfg in bases.items()
-              if (cache_dir() / f"{expected_key(cfg, device_type)}.pt").exists()}  # fmt: skip
+    cached = {
+        h
+        for h, cfg in bases.items()
+        if (cache_dir() / f"{expected_key(cfg, device_type)}.pt").exists()
+    }
     to_train = set(bases) - held - cached
     if dry or budget_s is not None:
-        plan = budget.plan(study.name, plan_jobs, kind, budget_s or 0.0, study.parallel,
-                           to_train, len((set(bases) - cached) & held),
-                           budget.folder_rows(study.name, out))  # fmt: skip
+        plan = budget.plan(
+            study.name,
+            plan_jobs,
+            kind,
+            budget_s or 0.0,
+            study.parallel,
+            to_train,
+            len((set(bases) - cached) & held),
+            budget.folder_rows(study.name, out),
+        )
         print(plan.text(), flush=True)
         if dry:
             return {"plan": plan.summary()}
     out.mkdir(parents=True, exist_ok=True)
     stop_at = None if budget_s is None else started + budget_s - budget.REPORT_RESERVE_S
-    sitting: dict[str, Any] = {"started": round(started, 1), "device": kind,
-                               "budget_s": budget_s, "bases": [], "runs": []}  # fmt: skip
+    sitting: dict[str, Any] = {
+        "started": round(started, 1),
+        "device": kind,
+        "budget_s": budget_s,
+        "bases": [],
+        "runs": [],
+    }
     if jobs:
         sitting["bases"] = _train_bases(
             list(bases.values()), study.parallel, mps, bases_dir, out / "bases", stop_at
@@ -131,8 +148,11 @@ def run_study(
                 work = [(cfg, run_dir, stop_at) for cfg, run_dir in jobs]
                 for i, record in enumerate(pool.imap_unordered(_run_one, work), 1):
                     sitting["runs"].append(record)
-                    print(f"  [{i}/{len(jobs)}] {record['run_dir']}: {record['status']}  "
-                          f"({time.perf_counter() - t_begin:.0f}s)", flush=True)  # fmt: skip
+                    print(
+                        f"  [{i}/{len(jobs)}] {record['run_dir']}: {record['status']}  "
+                        f"({time.perf_counter() - t_begin:.0f}s)",
+                        flush=True,
+                    )
         _append_sitting(out, sitting)
     results = collect_results(study, out)
     write_report(study, results, out)
@@ -193,8 +213,9 @@ def _train_bases(
     same study trains too. Imported from ``bases_dir`` where it holds them, exported
     to ``export_dir``. A base from another environment is refused (``FieldError``
     on ``--bases``)."""
-    work = [(cfg.to_dict(), bases_dir and str(bases_dir), str(export_dir), stop_at)
-            for cfg in configs]  # fmt: skip
+    work = [
+        (cfg.to_dict(), bases_dir and str(bases_dir), str(export_dir), stop_at) for cfg in configs
+    ]
     with _slot_pool(min(max(1, parallel), len(configs)), configs[0], mps) as (pool, _):
         records = pool.map(_train_base, work)
     refused = [r["refused"] for r in records if r.get("refused")]
@@ -216,8 +237,11 @@ def _slot_pool(processes: int, cfg: ExperimentConfig, mps: str = "auto") -> Iter
     devices = _study_gpus(cfg)
     with mps_daemon(mps, devices, processes) as state:
         if devices:
-            print(f"  {processes} processes on GPU(s) {','.join(devices)}; MPS: "
-                  f"{'on' if state.active else 'off (' + state.reason + ')'}", flush=True)  # fmt: skip
+            print(
+                f"  {processes} processes on GPU(s) {','.join(devices)}; MPS: "
+                f"{'on' if state.active else 'off (' + state.reason + ')'}",
+                flush=True,
+            )
         slots = ctx.Queue()
         for slot in plan_slots(processes, len(devices), devices or None):
             slots.put(slot)
@@ -268,16 +292,22 @@ def _train_base(args: tuple[dict, str | None, str, float | None]) -> dict[str, A
 
     began = time.perf_counter()
     try:
-        base = train_base_policy(cfg, task, vocab, device=device, log=lambda *_: None,
-                                 interrupt=interrupt)  # fmt: skip
+        base = train_base_policy(
+            cfg, task, vocab, device=device, log=lambda *_: None, interrupt=interrupt
+        )
     except TimeoutError:  # its state is kept: the next sitting continues it
         return {"key": key, "status": "stopped", "how": "the budget ended in its warm start"}
     if base.cached and how == "trained here":
         how = "from the warm-start cache"
     exported = export_base(cfg, key, device, Path(export_dir)) if cfg.warm_start.cache else None
-    return {"key": key, "status": "ready", "how": how, "accuracy": base.accuracy,
-            "seconds": round(time.perf_counter() - began, 2),
-            "exported": exported and exported.name}  # fmt: skip
+    return {
+        "key": key,
+        "status": "ready",
+        "how": how,
+        "accuracy": base.accuracy,
+        "seconds": round(time.perf_counter() - began, 2),
+        "exported": exported and exported.name,
+    }
 
 
 def _device(cfg: ExperimentConfig):

@@ -1,5 +1,6 @@
 """A run's and a sweep's actions (POST only, CSRF-protected): cancel, delete,
-requeue, export, and the bulk cancel / requeue of ticked runs. Each lives under
+requeue, export; a sweep's cancel, pause, resume and clear; and the bulk cancel /
+requeue of ticked runs. Each lives under
 its object's URL (``/runs/<id>/cancel``) and goes back to its page; the writes
 are the platform's services (lab.runs.lifecycle, bulk, exports).
 """
@@ -103,13 +104,29 @@ def runs_bulk(request):
     return _back(request, reverse("dashboard:runs"))
 
 
+# A sweep's actions: the service, its verb and what the page adds to the count.
+SWEEP_ACTIONS = {
+    "cancel": (bulk.cancel_sweep, "cancelled", ""),
+    "pause": (bulk.pause_sweep, "paused", " Finished runs are kept; Resume queues the rest again."),
+    "resume": (bulk.resume_sweep, "queued again", ""),
+    "clear": (
+        bulk.clear_sweep,
+        "cleared",
+        " Waiting runs were deleted, a training one stops; finished runs are kept.",
+    ),
+}
+
+
 @login_required
 @require_POST
-def sweep_cancel(request, pk: int):
-    """Cancel every queued or training run of a sweep."""
+def sweep_action(request, pk: int, action: str):
+    """Cancel, pause, resume or clear a sweep's unfinished runs (lab.runs.bulk)."""
     sweep = get_object_or_404(Sweep, pk=pk)
-    outcome = bulk.cancel_sweep(sweep, user=request.user)
-    messages.info(request, outcome.message(f"Sweep {sweep.pk}: cancelled"))
+    service, verb, note = SWEEP_ACTIONS[action]
+    outcome = service(sweep, user=request.user)
+    messages.info(
+        request, outcome.message(f"Sweep {sweep.pk}: {verb}") + (note if outcome.done else "")
+    )
     return _back(request, reverse(EXPERIMENT_PAGE, args=[sweep.experiment_id]))
 
 

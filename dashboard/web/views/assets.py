@@ -15,8 +15,14 @@ from trainer.model.param_count import format_params
 
 MODEL_FIELDS = ("name", "path", "description")
 DATASET_FIELDS = (
-    "name", "path", "prompt_field", "answer_field", "prompt_template", "verifier", "description",
-)  # fmt: skip
+    "name",
+    "path",
+    "prompt_field",
+    "answer_field",
+    "prompt_template",
+    "verifier",
+    "description",
+)
 
 
 @login_required

@@ -316,7 +316,7 @@ def stability_chart(request: HttpRequest, chart: str) -> HttpResponse:
     for outcome in q.outcomes_for(runs):
         outcomes.setdefault(outcome.variant, []).append(outcome)
     if chart == "gap":
-        records = q.causal_records(runs)
+        records = q.run_records(runs)
         if not causal.applies(records):
             raise FieldError([("chart", "these MoE runs do not span a routing gap")])
         fig = causal.gap_scatter(records, colors=variant_colors(sorted(outcomes)))

@@ -1,5 +1,5 @@
-"""The forms: experiments (list and create), the run form, the sweep builder and
-an experiment's sharing. Every page needs login; writes go through the
+"""The forms: experiments (list and create), the run form and an experiment's
+sharing (the sweep builder: sweep_builder.py). Every page needs login; writes go through the
 platform's services, so the form, the API and the CLI validate and store the
 same way.
 """
@@ -31,7 +31,7 @@ from lab.experiments.rights import NotAllowed, can_queue, can_share
 from lab.experiments.services import create_experiment, set_shared_with, shareable_groups
 from lab.inputs import json_input
 from lab.inputs.query import ascii_id
-from lab.runs import lifecycle, sweeps
+from lab.runs import lifecycle
 from lab.runs.models import Run
 from trainer.config.presets import list_presets, preset_dict
 from trainer.errors import FieldError
@@ -69,9 +69,14 @@ def experiment_list(request):
     return render(
         request,
         "dashboard/experiment_list.html",
-        {"experiments": page.object_list, "page": page, "presets": list_presets(),
-         "errors": errors, "form": request.POST},
-    )  # fmt: skip
+        {
+            "experiments": page.object_list,
+            "page": page,
+            "presets": list_presets(),
+            "errors": errors,
+            "form": request.POST,
+        },
+    )
 
 
 def _initial_config(request, experiment: Experiment) -> tuple[dict[str, Any], str, Run | None]:
@@ -118,7 +123,15 @@ def _with_form_fields(model: RegisteredModel) -> RegisteredModel:
     return model
 
 
-def _priority(raw: str) -> int | str:
+def _errors_of_a_refused_config(sections, run: Run) -> list[str]:
+    """The errors ``run`` failed on, put at their fields; the ones no field
+    claims (the config as a whole, an unknown key), as lines."""
+    errors = [(path, m) for path, messages in run.field_errors.items() for m in messages]
+    whole = [f"run #{run.pk} failed on its config: {m}" for p, m in errors if p == "__all__"]
+    return whole + schema_form.attach_errors(sections, [e for e in errors if e[0] != "__all__"])
+
+
+def typed_priority(raw: str) -> int | str:
     """The typed priority as an int, or the text as typed (check_priority then names it)."""
     text = raw.strip() or str(lifecycle.DEFAULT_PRIORITY)
     return int(text) if PRIORITY_TEXT.fullmatch(text) else text
@@ -146,7 +159,7 @@ def run_new(request, pk: int):
                 other_errors.append(f"config: not valid JSON ({exc})")
         else:
             config = schema_form.config_from_post(sections, request.POST)
-        priority = _priority(priority_text)
+        priority = typed_priority(priority_text)
         if not isinstance(priority, int):
             other_errors.append("priority: priority must be an integer from 0 to 9")
         try:  # a registered model / dataset stands for overrides of the config
@@ -187,6 +200,8 @@ def run_new(request, pk: int):
         if clone:
             priority_text = str(lifecycle.clone_priority(clone, request.user))
         schema_form.fill(sections, reference)
+        if clone is not None and clone.failed_on_config:  # "Clone and fix"
+            other_errors += _errors_of_a_refused_config(sections, clone)
         json_text = json.dumps(reference, indent=2)
     schema_form.set_reference(sections, reference)
     error_fields = schema_form.error_fields(sections)
@@ -222,66 +237,6 @@ def run_new(request, pk: int):
             "registered_dataset": request.POST.get("registered_dataset", ""),
         },
     )
-
-
-def _parse_values(text: str) -> list[Any]:
-    """'none, r3' or '[0.1, 0.2]' -> typed list (JSON where an item parses)."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            values = json_input.loads(text)
-            return values if isinstance(values, list) else [values]
-        except ValueError:
-            pass
-    out = []
-    for item in (i.strip() for i in text.split(",")):
-        if not item:
-            continue
-        try:
-            out.append(json_input.loads(item))
-        except ValueError:  # not JSON (or nested too deep): the text itself
-            out.append(item)
-    return out
-
-
-@login_required
-def sweep_new(request, pk: int):
-    """Sweep builder: a base (preset or the experiment's config), rows of field x
-    values, seeds; Preview counts and validates every run, Create queues them."""
-    experiment = get_object_or_404(Experiment, pk=pk)
-    paths = schema_form.field_paths(schema_form.build_sections())
-    data = request.POST if request.method == "POST" else request.GET
-    rows = [(data.get(f"field_{i}", ""), data.get(f"values_{i}", "")) for i in range(4)]
-    preview = None
-    errors: list[str] = []
-    if request.method == "POST":
-        grid = {f: _parse_values(v) for f, v in rows if f}
-        seeds = _parse_values(data.get("seeds", "0"))
-        try:
-            base = resolve_config(
-                preset=data.get("preset") or None, base=experiment.base_config or None
-            ).to_dict()
-            planned = sweeps.preview_sweep(base, grid, seeds)
-            if data.get("action") == "create":
-                sweep = sweeps.create_sweep(
-                    owner=request.user, experiment=experiment, base_config=base, grid=grid,
-                    seeds=seeds, queue=data.get("queue"), name=data.get("name", ""),
-                )  # fmt: skip
-                messages.success(request, f"Sweep queued: {sweep.runs.count()} runs.")
-                warn_if_unserved(request, sweep.runs.first().queue)
-                return redirect(EXPERIMENT_PAGE, pk)
-            preview = {"count": len(planned), "variants": sorted({label for label, _ in planned})}
-        except FieldError as exc:
-            errors = [f"{p}: {m}" if p else m for p, m in exc.errors]
-        except NotAllowed as exc:
-            errors = [str(exc)]
-    return render(
-        request,
-        "dashboard/sweep_new.html",
-        {"experiment": experiment, "paths": paths, "rows": rows, "preview": preview,
-         "errors": errors, "presets": list_presets(), "queues": settings.LAB_QUEUES,
-         "data": data},
-    )  # fmt: skip
 
 
 @login_required

@@ -37,7 +37,7 @@ def stability(request: HttpRequest) -> HttpResponse:
         )
     inputs = q.stability_stats(runs)
     rows = stability_table_rows(inputs.stats)
-    records = q.causal_records(runs)
+    records = q.run_records(runs)
     causal_panel = causal.effects(records) if causal.applies(records) else None
     verdicts = q.latest_verdicts(r.pk for r in chosen)
     outcome_by_label = {s.outcome.label: s for s in inputs.stats}

@@ -112,8 +112,14 @@ def _sweep_progress(runs: list[Run]) -> dict[str, int]:
     """How far a sweep is: its runs finished, training or waiting, and stopped."""
     stopped = sum(r.status in STOPPED_STATUSES for r in runs)
     active = sum(r.is_active for r in runs)
-    return {"total": len(runs), "active": active, "stopped": stopped,
-            "finished": len(runs) - active - stopped}  # fmt: skip
+    paused = sum(r.waits_paused for r in runs)
+    return {
+        "total": len(runs),
+        "active": active,
+        "stopped": stopped,
+        "paused": paused,
+        "finished": len(runs) - active - stopped,
+    }
 
 
 @page_params

@@ -30,9 +30,21 @@ class RegisteredModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = RegisteredModel
         fields = [
-            "id", "name", "path", "family", "total_params", "active_params", "vocab_size",
-            "model_fields", "description", "owner", "created_at",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "path",
+            "family",
+            "total_params",
+            "active_params",
+            "vocab_size",
+            "model_fields",
+            "status",
+            "error",
+            "description",
+            "owner",
+            "created_at",
+        ]
+        read_only_fields = ["status", "error"]
 
 
 class RegisteredDatasetSerializer(serializers.ModelSerializer):
@@ -41,8 +53,20 @@ class RegisteredDatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = RegisteredDataset
         fields = [
-            "id", "name", "path", "prompt_field", "prompt_template", "answer_field",
-            "verifier", "status", "error", "rows", "problems", "skipped", "description",
-            "owner", "created_at",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "path",
+            "prompt_field",
+            "prompt_template",
+            "answer_field",
+            "verifier",
+            "status",
+            "error",
+            "rows",
+            "problems",
+            "skipped",
+            "description",
+            "owner",
+            "created_at",
+        ]
         read_only_fields = ["status", "error"]

@@ -132,9 +132,17 @@ class ExperimentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Experiment
         fields = [
-            "id", "name", "description", "owner", "tags", "base_config",
-            "shared_with", "created_at", "updated_at", "run_count",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "description",
+            "owner",
+            "tags",
+            "base_config",
+            "shared_with",
+            "created_at",
+            "updated_at",
+            "run_count",
+        ]
 
     def get_run_count(self, obj) -> int:
         total = getattr(obj, "run_total", None)
@@ -154,13 +162,44 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "experiment", "sweep", "owner", "variant", "preset", "seed", "status",
-            "queue", "priority", "gpus", "nodes", "gang", "rdzv_endpoint", "task_id", "worker_host", "gpu_index", "attempts",
-            "max_attempts", "cancel_requested", "created_at", "queued_at", "started_at",
-            "finished_at", "heartbeat_at", "current_step", "total_steps", "progress",
-            "queue_position", "eta_s", "waiting_reason", "summary", "error", "run_dir",
+            "id",
+            "experiment",
+            "sweep",
+            "owner",
+            "variant",
+            "preset",
+            "seed",
+            "status",
+            "queue",
+            "priority",
+            "gpus",
+            "nodes",
+            "gang",
+            "rdzv_endpoint",
+            "task_id",
+            "worker_host",
+            "gpu_index",
+            "attempts",
+            "max_attempts",
+            "cancel_requested",
+            "paused",
+            "created_at",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "heartbeat_at",
+            "current_step",
+            "total_steps",
+            "progress",
+            "queue_position",
+            "eta_s",
+            "waiting_reason",
+            "summary",
+            "error",
+            "field_errors",
+            "run_dir",
             "config",
-        ]  # fmt: skip
+        ]
 
     def get_queue_position(self, obj) -> int | None:
         # A list computes every row's position in one query (queries.queue_positions)
@@ -182,7 +221,9 @@ class RunListSerializer(RunSerializer):
 
     class Meta(RunSerializer.Meta):
         fields = [
-            f for f in RunSerializer.Meta.fields if f not in ("config", "error", "waiting_reason")
+            f
+            for f in RunSerializer.Meta.fields
+            if f not in ("config", "error", "field_errors", "waiting_reason")
         ]
 
 
@@ -192,8 +233,18 @@ class SweepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Sweep
-        fields = ["id", "experiment", "name", "owner", "base_config", "grid", "seeds", "queue",
-                  "created_at", "runs"]  # fmt: skip
+        fields = [
+            "id",
+            "experiment",
+            "name",
+            "owner",
+            "base_config",
+            "grid",
+            "seeds",
+            "queue",
+            "created_at",
+            "runs",
+        ]
 
 
 class CommentSerializer(serializers.ModelSerializer):
@@ -209,13 +260,24 @@ class CheckpointExportSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = CheckpointExport
-        fields = ["id", "run", "requested_by", "step", "dtype", "status", "out_dir", "error",
-                  "created_at", "finished_at"]  # fmt: skip
+        fields = [
+            "id",
+            "run",
+            "requested_by",
+            "step",
+            "dtype",
+            "status",
+            "out_dir",
+            "error",
+            "created_at",
+            "finished_at",
+        ]
         read_only_fields = fields
 
 
 class ExportRequestSerializer(StrictSerializer):
     dtype = serializers.ChoiceField(
-        choices=["float32", "bfloat16", "float16"], default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
         help_text="Weights' dtype in the exported safetensors.",
-    )  # fmt: skip
+    )

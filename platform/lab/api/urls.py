@@ -18,6 +18,14 @@ urlpatterns = [
     path("runs/<int:pk>/metrics", views.RunMetrics.as_view(), name="api-run-metrics"),
     path("runs/<int:pk>/comments", views.RunComments.as_view(), name="api-run-comments"),
     path("sweeps", views.SweepCreate.as_view(), name="api-sweeps"),
+    *(
+        path(
+            f"sweeps/<int:pk>/{action}",
+            views.SweepAction.as_view(action=action),
+            name=f"api-sweep-{action}",
+        )
+        for action in views.SweepAction.SERVICES
+    ),
     path("models", assets.ModelList.as_view(), name="api-models"),
     path("models/<int:pk>", assets.ModelDetail.as_view(), name="api-model"),
     path("datasets", assets.DatasetList.as_view(), name="api-datasets"),

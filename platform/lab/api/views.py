@@ -6,7 +6,6 @@ model per endpoint's query below.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any
 
@@ -25,17 +24,18 @@ from lab.api import serializers as s
 from lab.api.assets import with_assets
 from lab.api.pagination import BoundedLimitOffsetPagination
 from lab.configs import resolve_config
-from lab.experiments.models import Experiment
+from lab.experiments.models import Experiment, Sweep
 from lab.experiments.services import create_experiment, set_shared_with
 from lab.inputs.query import CommaSeparated, Query, ascii_id, parse_query
 from lab.jobs.health import health
 from lab.jobs.models import Worker
 from lab.jobs.queries import queue_positions
-from lab.runs import comments, exports, lifecycle, sweeps
+from lab.runs import bulk, comments, exports, lifecycle, sweeps
 from lab.runs.dispatch import PublishFailed
 from lab.runs.metrics import read as metric_reads
 from lab.runs.metrics.read import MIN_POINTS
 from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
+from lab.runs.queue_order import in_queue_order
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
 from trainer.metric_keys import METRIC_NAME
@@ -187,11 +187,13 @@ class RunList(generics.ListAPIView):
         responses={201: s.RunSerializer, 200: s.RunSerializer},
         parameters=[
             OpenApiParameter(
-                "Idempotency-Key", str, OpenApiParameter.HEADER,
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
                 description="a retry with the same key returns the same run (200)",
             )
         ],
-    )  # fmt: skip
+    )
     def post(self, request):
         """Submit a run. ``Idempotency-Key`` (header): a retry with the key returns
         the run the first request stored (200), never a second one. A broker that
@@ -200,17 +202,6 @@ class RunList(generics.ListAPIView):
         data = _valid(s.RunCreateSerializer, request.data)
         data["overrides"] = with_assets(data.pop("model", None), data.pop("dataset", None), data)
         key = lifecycle.check_idempotency_key(request.headers.get("Idempotency-Key"))
-        if (earlier := lifecycle.submitted_with_key(request.user, key)) is not None:
-            if not _same_submission(earlier, data):
-                detail = (
-                    f"Idempotency-Key {key!r} was used for run {earlier.pk} with a different "
-                    "request; send a new key for a new run"
-                )
-                return Response(
-                    {"detail": detail, "errors": {"Idempotency-Key": [detail]}},
-                    status=status.HTTP_422_UNPROCESSABLE_ENTITY,
-                )
-            return Response(s.RunSerializer(earlier).data, status=status.HTTP_200_OK)
         try:
             run = lifecycle.submit_run(
                 owner=request.user, idempotency_key=key, raise_on_publish_failure=True, **data
@@ -226,25 +217,9 @@ class RunList(generics.ListAPIView):
             return Response(
                 body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "30"}
             )
-        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
-
-
-def _same_submission(earlier: Run, data: dict[str, Any]) -> bool:
-    """Whether a request with an Idempotency-Key already used asks for the run that
-    key stored: the same experiment, resolved config, queue and priority (a retry
-    of the same request always does; another request under the key does not)."""
-    experiment = data["experiment"]
-    cfg = resolve_config(
-        data.get("config"), data.get("preset"), data.get("overrides"),
-        base=experiment.base_config or None,
-    )  # fmt: skip
-    config = json.loads(json.dumps(cfg.to_dict()))  # as the JSON field stores it
-    return (
-        earlier.experiment_id == experiment.pk
-        and earlier.config == config
-        and earlier.queue == lifecycle.check_queue(data.get("queue"))
-        and earlier.priority == lifecycle.check_priority(data.get("priority"))
-    )
+        # A retry (the key's run, asking for the same): 200; a new run: 201.
+        code = status.HTTP_200_OK if lifecycle.is_replay(run) else status.HTTP_201_CREATED
+        return Response(s.RunSerializer(run).data, status=code)
 
 
 class RunDetail(generics.RetrieveDestroyAPIView):
@@ -331,7 +306,17 @@ class RunComments(generics.ListAPIView):
 
 
 class SweepCreate(APIView):
-    @extend_schema(request=s.SweepCreateSerializer, responses=dict)
+    @extend_schema(
+        request=s.SweepCreateSerializer,
+        responses=dict,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key", str, OpenApiParameter.HEADER,
+                description="a retry with the same key returns the same sweep (200); "
+                "another request under the key is a 422",
+            )
+        ],
+    )  # fmt: skip
     def post(self, request):
         data = _valid(s.SweepCreateSerializer, request.data)
         experiment = data["experiment"]
@@ -352,8 +337,31 @@ class SweepCreate(APIView):
             queue=data.get("queue"),
             name=data.get("name", ""),
             priority=data.get("priority"),
+            idempotency_key=request.headers.get("Idempotency-Key") or "",
         )
-        return Response(s.SweepSerializer(sweep).data, status=status.HTTP_201_CREATED)
+        code = status.HTTP_200_OK if lifecycle.is_replay(sweep) else status.HTTP_201_CREATED
+        return Response(s.SweepSerializer(sweep).data, status=code)
+
+
+class SweepAction(APIView):
+    """Pause, resume or clear a sweep's unfinished runs (lab.runs.bulk; the queue
+    page's buttons): the ids done, left alone (finished or not yours), external."""
+
+    action = ""
+    SERVICES = {"pause": bulk.pause_sweep, "resume": bulk.resume_sweep, "clear": bulk.clear_sweep}
+
+    @extend_schema(request=None, responses=dict)
+    def post(self, request, pk: int):
+        outcome = self.SERVICES[self.action](get_object_or_404(Sweep, pk=pk), user=request.user)
+        return Response(
+            {
+                "sweep": pk,
+                "action": self.action,
+                "done": outcome.done,
+                "skipped": outcome.skipped,
+                "external": outcome.external,
+            }
+        )
 
 
 def _run_rows(runs, context: dict) -> list[dict]:
@@ -370,10 +378,8 @@ def _run_rows(runs, context: dict) -> list[dict]:
 def queue_view(request):
     """Queued and running runs in queue order (queue, priority, age), paginated
     like every list: ``{"queues", "count", "next", "previous", "runs"}``."""
-    active = (
-        Run.objects.filter(status__in=ACTIVE_STATUSES)
-        .select_related("owner")
-        .order_by("queue", "-priority", "created_at", "pk")
+    active = in_queue_order(
+        Run.objects.filter(status__in=ACTIVE_STATUSES).select_related("owner"), by_queue=True
     )
     paginator = BoundedLimitOffsetPagination()
     page = paginator.paginate_queryset(active, request)

@@ -27,6 +27,7 @@ class CheckpointFacts:
     total_params: int
     active_params: int
     vocab_size: int
+    weight_bytes: int = 0  # tensor data a weight scan reads (check_weights)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ def inspect_checkpoint(path: str) -> CheckpointFacts:
     implies, and the tokenizer; each problem is an error on ``path`` naming the file."""
     from trainer.hf.families import model_fields_from_hf
     from trainer.hf.files import read_hf_config
+    from trainer.hf.finite import weight_bytes
     from trainer.hf.tokenizer import CheckpointTokenizer
     from trainer.hf.validate import validate_checkpoint
 
@@ -77,7 +79,20 @@ def inspect_checkpoint(path: str) -> CheckpointFacts:
         total_params=model_params(model, vocab),
         active_params=model_params(model, vocab, active=True),
         vocab_size=tokens,
+        weight_bytes=weight_bytes(folder),
     )
+
+
+def check_weights(path: str, field: str = "path") -> None:
+    """Every weight of the checkpoint is finite (``trainer.hf.finite``: the files read
+    in chunks, no torch); a FieldError on ``field`` naming the tensors holding NaN or
+    Inf. The time is the disk's: the registry runs it inline only for checkpoints up
+    to LAB_MODEL_INLINE_BYTES."""
+    from trainer.hf.finite import nonfinite_tensors
+
+    bad = nonfinite_tensors(Path(path))
+    if bad:
+        raise FieldError([(field, f"tensor(s) holding NaN or infinite values: {', '.join(bad)}")])
 
 
 def inspect_dataset(

@@ -15,9 +15,20 @@ class Verifier(models.TextChoices):
     CHOICE = "choice", "multiple choice (A, B, C, D)"
 
 
+class DatasetStatus(models.TextChoices):
+    """A registered file's check (datasets and models alike)."""
+
+    CHECKING = "checking"  # a large file, queued for the control worker's check
+    READY = "ready"
+    FAILED = "failed"  # the check refused the file; ``error`` says why
+
+
 class RegisteredModel(models.Model):
     """A Hugging Face checkpoint folder on the shared run volume, checked when registered
-    (folder, supported config.json family, tokenizer); runs pick it as model.source."""
+    (folder, supported config.json family, tokenizer, chat template, weight dtypes, and
+    every weight finite); runs pick it as model.source once it is ready. A checkpoint
+    larger than LAB_MODEL_INLINE_BYTES has its weights scanned by the control queue's
+    worker, outside the request."""
 
     name = models.CharField(max_length=100, unique=True, help_text=NAME_HELP)
     path = models.CharField(max_length=1000, help_text="Absolute checkpoint folder.")
@@ -28,6 +39,10 @@ class RegisteredModel(models.Model):
     total_params = models.BigIntegerField()
     active_params = models.BigIntegerField()
     vocab_size = models.IntegerField(help_text="Tokens of the checkpoint's tokenizer.json.")
+    status = models.CharField(
+        max_length=16, choices=DatasetStatus.choices, default=DatasetStatus.READY
+    )
+    error = models.TextField(blank=True, help_text="Why the weight scan refused the checkpoint.")
     description = models.TextField(blank=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="registered_models"
@@ -39,12 +54,6 @@ class RegisteredModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-class DatasetStatus(models.TextChoices):
-    CHECKING = "checking"  # a large file, queued for the control worker's check
-    READY = "ready"
-    FAILED = "failed"  # the check refused the file; ``error`` says why
 
 
 class RegisteredDataset(models.Model):

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from lab.assets.checks import inspect_checkpoint, inspect_dataset
+from lab.assets.checks import check_weights, inspect_checkpoint, inspect_dataset
 from lab.assets.models import DatasetStatus, RegisteredDataset, RegisteredModel, Verifier
 from lab.assets.roots import check_path
 from lab.text import clean_text
@@ -20,6 +20,7 @@ from trainer.errors import FieldError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 CHECK_DATASET_TASK = "assets.check_dataset"
+CHECK_MODEL_TASK = "assets.check_model"
 CHECK_QUEUE = "control"  # the reconciler's worker, live in every deployment
 log = logging.getLogger("lab.assets")
 
@@ -55,13 +56,16 @@ def _check_path(path: Any, *, shipped_names: bool = False) -> str:
 
 @transaction.atomic
 def register_model(*, owner, name: str, path: str, description: str = "") -> RegisteredModel:
-    """Check the checkpoint folder (``checks.inspect_checkpoint``) and store it."""
+    """Check the checkpoint folder (``checks.inspect_checkpoint``: headers, dtypes,
+    tokenizer, chat template) and every weight for NaN and Inf (``checks.check_weights``),
+    then store it. A checkpoint over ``LAB_MODEL_INLINE_BYTES`` of weights is stored as
+    "checking" and its weights are scanned by the control queue's worker
+    (``check_model``), never inside the web request."""
     name = _check_name(name, RegisteredModel)
     path = _check_path(path)
     description = clean_text("description", description, max_length=5000, multiline=True)
     facts = inspect_checkpoint(path)
-    return _create(
-        RegisteredModel,
+    fields = dict(
         name=name,
         path=path,
         family=facts.family,
@@ -72,6 +76,31 @@ def register_model(*, owner, name: str, path: str, description: str = "") -> Reg
         description=description,
         owner=owner,
     )
+    if facts.weight_bytes > settings.LAB_MODEL_INLINE_BYTES:
+        model = _create(RegisteredModel, status=DatasetStatus.CHECKING, **fields)
+        transaction.on_commit(lambda: _publish_check(CHECK_MODEL_TASK, RegisteredModel, model.pk))
+        return model
+    check_weights(path)
+    return _create(RegisteredModel, **fields)
+
+
+def check_model(model_id: int) -> str:
+    """The control worker's side: scan the weights of a model still "checking" and mark
+    it ready, or failed with the tensors that hold NaN or Inf. Idempotent, as
+    ``check_dataset``."""
+    model = RegisteredModel.objects.filter(pk=model_id).first()
+    if model is None or model.status != DatasetStatus.CHECKING:
+        return "skipped"
+    checking = RegisteredModel.objects.filter(pk=model_id, status=DatasetStatus.CHECKING)
+    try:
+        check_weights(model.path)
+    except FieldError as exc:
+        message = "; ".join(f"{path}: {text}" for path, text in exc.errors)
+        checking.update(status=DatasetStatus.FAILED, error=message[:4000])
+        return DatasetStatus.FAILED
+    checking.update(status=DatasetStatus.READY, error="")
+    log.info("model %s checked: every weight finite", model_id)
+    return DatasetStatus.READY
 
 
 @transaction.atomic
@@ -100,13 +129,20 @@ def register_dataset(
         raise FieldError([("verifier", f"choose one of: {', '.join(Verifier.values)}")])
     description = clean_text("description", description, max_length=5000, multiline=True)
     fields = dict(
-        name=name, path=path, prompt_field=prompt_field, answer_field=answer_field,
-        prompt_template=prompt_template, verifier=verifier, description=description,
+        name=name,
+        path=path,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        prompt_template=prompt_template,
+        verifier=verifier,
+        description=description,
         owner=owner,
-    )  # fmt: skip
+    )
     if _file_size(path) > settings.LAB_DATASET_INLINE_BYTES:
         dataset = _create(RegisteredDataset, status=DatasetStatus.CHECKING, **fields)
-        transaction.on_commit(lambda: _publish_check(dataset.pk))
+        transaction.on_commit(
+            lambda: _publish_check(CHECK_DATASET_TASK, RegisteredDataset, dataset.pk)
+        )
         return dataset
     facts = inspect_dataset(path, prompt_field, answer_field, prompt_template, verifier)
     return _create(
@@ -130,17 +166,17 @@ def _file_size(path: str) -> int:
         return 0
 
 
-def _publish_check(dataset_id: int) -> None:
-    """Send the check to the control queue; a broker that refuses fails the dataset
-    with the reason (registering it again retries)."""
+def _publish_check(task: str, model: type, pk: int) -> None:
+    """Send a check to the control queue; a broker that refuses fails the dataset or
+    model with the reason (registering it again retries)."""
     from celery import (
         current_app as app,
     )  # lab.site.celery's app (design.md 1.2)
 
     try:
-        app.send_task(CHECK_DATASET_TASK, args=[dataset_id], queue=CHECK_QUEUE, retry=False)
+        app.send_task(task, args=[pk], queue=CHECK_QUEUE, retry=False)
     except Exception as exc:  # kombu/redis raise many types for "broker down"
-        RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
+        model.objects.filter(pk=pk, status=DatasetStatus.CHECKING).update(
             status=DatasetStatus.FAILED, error=f"could not queue the check: {exc}"
         )
 
@@ -155,9 +191,12 @@ def check_dataset(dataset_id: int) -> str:
         return "skipped"
     try:
         facts = inspect_dataset(
-            dataset.path, dataset.prompt_field, dataset.answer_field,
-            dataset.prompt_template, dataset.verifier,
-        )  # fmt: skip
+            dataset.path,
+            dataset.prompt_field,
+            dataset.answer_field,
+            dataset.prompt_template,
+            dataset.verifier,
+        )
     except FieldError as exc:
         message = "; ".join(f"{path}: {text}" for path, text in exc.errors)
         RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
@@ -165,16 +204,25 @@ def check_dataset(dataset_id: int) -> str:
         )
         return DatasetStatus.FAILED
     RegisteredDataset.objects.filter(pk=dataset_id, status=DatasetStatus.CHECKING).update(
-        status=DatasetStatus.READY, rows=facts.rows, problems=facts.problems,
-        skipped=facts.skipped, error="",
-    )  # fmt: skip
+        status=DatasetStatus.READY,
+        rows=facts.rows,
+        problems=facts.problems,
+        skipped=facts.skipped,
+        error="",
+    )
     log.info("dataset %s checked: %s problems of %s rows", dataset_id, facts.problems, facts.rows)
     return DatasetStatus.READY
 
 
-def model_overrides(model: RegisteredModel) -> list[str]:
+def model_overrides(model: RegisteredModel, field: str = "model") -> list[str]:
     """``model.source`` and the checkpoint's shape fields (as the trainer resolves
-    them), so a run's stored config shows the model before a worker reads it."""
+    them), so a run's stored config shows the model before a worker reads it; a
+    FieldError on ``field`` while its weights are being scanned, or after the scan
+    refused them."""
+    if model.status == DatasetStatus.CHECKING:
+        raise FieldError([(field, f"{model.name!r} is still being checked; try again soon")])
+    if model.status == DatasetStatus.FAILED:
+        raise FieldError([(field, f"{model.name!r} failed its check: {model.error}")])
     fields = {"source": model.path, **model.model_fields}
     return [f"model.{key}={json.dumps(value)}" for key, value in fields.items()]
 
@@ -202,8 +250,9 @@ def asset_overrides(
     model: RegisteredModel | None = None,
     dataset: RegisteredDataset | None = None,
     dataset_field: str = "dataset",
+    model_field: str = "model",
 ) -> list[str]:
-    return (model_overrides(model) if model else []) + (
+    return (model_overrides(model, model_field) if model else []) + (
         dataset_overrides(dataset, dataset_field) if dataset else []
     )
 
@@ -222,5 +271,8 @@ def picked_assets(form: Any) -> list[str]:
             if picked[field] is None:
                 raise FieldError([(field, f"{name!r} is not registered")])
     return asset_overrides(
-        picked.get("registered_model"), picked.get("registered_dataset"), "registered_dataset"
+        picked.get("registered_model"),
+        picked.get("registered_dataset"),
+        "registered_dataset",
+        "registered_model",
     )

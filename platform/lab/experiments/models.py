@@ -80,10 +80,29 @@ class Sweep(models.Model):
         help_text="The stability-study definition (trainer/studies/definition.py) this sweep runs, "
         "when it came from one: named variants x seeds instead of a grid.",
     )
+    idempotency_key = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="The submitter's Idempotency-Key header: a retried submit returns this "
+        "sweep instead of creating another.",
+    )
+    request_fingerprint = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="What the keyed request asked for (lab.runs.lifecycle.request_fingerprint): "
+        "another request under the same key is refused, not answered with this sweep.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="sweep_idempotency_key_per_owner",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name or f"sweep {self.pk}"

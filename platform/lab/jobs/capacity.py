@@ -53,7 +53,7 @@ class DeviceBusy(RuntimeError):
     """A device this worker should own is held by another worker on the host."""
 
 
-def usable_ranks(gpus: int, cpu_slots: int) -> int:
+def ranks_per_node(gpus: int, cpu_slots: int) -> int:
     """The most ranks one run may ask of a worker: its GPUs, or its CPU slots."""
     return gpus if gpus else cpu_slots
 
@@ -61,7 +61,8 @@ def usable_ranks(gpus: int, cpu_slots: int) -> int:
 @dataclass(frozen=True)
 class WorkerCapacity:
     """``gpus``: devices this worker owns (0 on a CPU host); ``cpu_slots``: ranks a
-    CPU worker may start. ``ranks`` is what a claim compares ``Run.gpus`` with."""
+    CPU worker may start. ``ranks_per_node`` is what a claim compares ``Run.gpus`` with
+    (a rank is one trainer process; ``Run.gpus`` is the ranks a run starts on each node)."""
 
     gpus: int
     cpu_slots: int
@@ -72,13 +73,13 @@ class WorkerCapacity:
     memory_share: float | None = None
 
     @property
-    def ranks(self) -> int:
-        return usable_ranks(self.gpus, self.cpu_slots)
+    def ranks_per_node(self) -> int:
+        return ranks_per_node(self.gpus, self.cpu_slots)
 
-    def trainer_environment(self, ranks: int) -> dict[str, str]:
+    def trainer_environment(self, ranks_per_node: int) -> dict[str, str]:
         """What this worker's trainer child adds to its environment: the devices it
         may see and, in a slot of a shared GPU, its share of the memory."""
-        return Slot(self.visible_devices(ranks), self.memory_share).environment()
+        return Slot(self.visible_devices(ranks_per_node), self.memory_share).environment()
 
     def describe(self) -> str:
         if self.slot is not None:
@@ -87,12 +88,12 @@ class WorkerCapacity:
             return f"GPU {','.join(self.devices)}"
         return f"{self.cpu_slots} CPU slot" + ("s" if self.cpu_slots != 1 else "")
 
-    def visible_devices(self, ranks: int) -> str | None:
-        """CUDA_VISIBLE_DEVICES for a trainer of ``ranks`` ranks (the first devices
+    def visible_devices(self, ranks_per_node: int) -> str | None:
+        """CUDA_VISIBLE_DEVICES for a trainer of ``ranks_per_node`` ranks (the first devices
         this worker owns); None on a CPU worker."""
         if not self.devices:
             return None
-        return ",".join(self.devices[:ranks])
+        return ",".join(self.devices[:ranks_per_node])
 
 
 def host_gpu_count() -> int:
@@ -162,9 +163,18 @@ def gpu_memory_gb(device: str) -> float | None:
         return float(settings.LAB_GPU_MEMORY_GB)
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", device],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout  # fmt: skip
+            [
+                "nvidia-smi",
+                "--query-gpu=memory.total",
+                "--format=csv,noheader,nounits",
+                "-i",
+                device,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         return float(out.strip().splitlines()[0]) / 1024  # MiB -> GiB
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -233,9 +243,13 @@ def _slot_worker(named: tuple[str, ...], gpus: int, slot_gb: float) -> WorkerCap
         if slot is not None:
             share = min(1.0, slot_gb / memory) if slots > 1 else None
             return WorkerCapacity(
-                gpus=1, cpu_slots=settings.LAB_WORKER_CPU_SLOTS, devices=(device,),
-                slot=slot, slots=slots, memory_share=share,
-            )  # fmt: skip
+                gpus=1,
+                cpu_slots=settings.LAB_WORKER_CPU_SLOTS,
+                devices=(device,),
+                slot=slot,
+                slots=slots,
+                memory_share=share,
+            )
     raise DeviceBusy(
         f"every slot of GPU {', '.join(candidates)} is taken (or a whole-GPU worker holds "
         "it); start fewer workers or raise the host's GPUs"

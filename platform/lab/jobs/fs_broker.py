@@ -85,8 +85,9 @@ class Channel(filesystem.Channel):
                 message = loads(payload.decode())
             except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
                 self._set_aside(taken, filename, REJECTED_FOLDER)
-                log.warning("Dropped an undecodable broker message %s (%d bytes)",
-                            filename, len(payload))  # fmt: skip
+                log.warning(
+                    "Dropped an undecodable broker message %s (%d bytes)", filename, len(payload)
+                )
                 continue
             if self.store_processed:
                 self._set_aside(taken, filename)

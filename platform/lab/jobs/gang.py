@@ -40,6 +40,7 @@ from django.utils import timezone
 from lab.jobs.models import Worker
 from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.models import Run, RunStatus
+from lab.runs.queue_order import in_queue_order
 from trainer.launch import Rendezvous
 
 log = logging.getLogger("jobs")
@@ -49,7 +50,9 @@ def fitting_live_workers(run: Run) -> int:
     """Live workers serving the run's queue that own at least ``run.gpus`` ranks."""
     from lab.jobs.health import LIVE_WITHIN_S
 
-    return sum(1 for w in Worker.live_serving(run.queue, LIVE_WITHIN_S) if w.ranks >= run.gpus)
+    return sum(
+        1 for w in Worker.live_serving(run.queue, LIVE_WITHIN_S) if w.ranks_per_node >= run.gpus
+    )
 
 
 def free_port() -> int:
@@ -90,21 +93,26 @@ def lead(run_id: int, attempt: int, worker_host: str) -> bool:
         run.save(update_fields=["gang", "rdzv_endpoint"])
         for _ in range(run.nodes - 1):
             send_run_on_commit(run.pk, run.queue, run.priority, new_task_id())
-    log.info("run %s attempt %s: leading a gang of %s at %s", run_id, attempt, run.nodes,
-             run.rdzv_endpoint)  # fmt: skip
+    log.info(
+        "run %s attempt %s: leading a gang of %s at %s",
+        run_id,
+        attempt,
+        run.nodes,
+        run.rdzv_endpoint,
+    )
     return True
 
 
-def join(queue: str, *, worker_host: str, max_ranks: int) -> tuple[int, int, int] | None:
+def join(queue: str, *, worker_host: str, max_ranks_per_node: int) -> tuple[int, int, int] | None:
     """Join the oldest gang of ``queue`` still missing members that fits this
     worker: (run id, attempt, node), or None. Row locks (SKIP LOCKED on
     PostgreSQL, IMMEDIATE transactions on SQLite) make two joiners take
     different nodes."""
     with transaction.atomic():
-        assembling = (
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(queue=queue, status=RunStatus.RUNNING, nodes__gt=1, gpus__lte=max_ranks)
-            .order_by("-priority", "created_at", "pk")
+        assembling = in_queue_order(
+            Run.objects.select_for_update(skip_locked=True).filter(
+                queue=queue, status=RunStatus.RUNNING, nodes__gt=1, gpus__lte=max_ranks_per_node
+            )
         )
         for run in assembling:
             gang = run.gang_members

@@ -32,22 +32,57 @@ def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def worker_command(queues: list[str], name: str, loglevel: str = "INFO") -> list[str]:
     return [
-        sys.executable, "-m", "celery", "-A", "lab.site", "worker",
-        "-Q", ",".join(queues), "-n", name,
-        "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
-        "--without-gossip", "--without-mingle", "-l", loglevel,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "lab.site",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-n",
+        name,
+        "--pool",
+        "solo",
+        "--concurrency",
+        "1",
+        "--prefetch-multiplier",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        loglevel,
+    ]
 
 
 def reconciler_command(schedule_file: Path, name: str = "control@%h") -> list[str]:
     """Celery beat embedded in a small worker on the `control` queue: it schedules
     and runs jobs.tasks.reconcile every LAB_RECONCILE_EVERY_S seconds."""
     return [
-        sys.executable, "-m", "celery", "-A", "lab.site", "worker", "-B",
-        "-s", str(schedule_file), "-Q", "control", "-n", name,
-        "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
-        "--without-gossip", "--without-mingle", "-l", "INFO",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "lab.site",
+        "worker",
+        "-B",
+        "-s",
+        str(schedule_file),
+        "-Q",
+        "control",
+        "-n",
+        name,
+        "--pool",
+        "solo",
+        "--concurrency",
+        "1",
+        "--prefetch-multiplier",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        "INFO",
+    ]
 
 
 # The production WSGI server (as docker-compose.yml's web service), not Django's
@@ -60,12 +95,27 @@ WEB_TIMEOUT_S = 120
 
 def web_command(host: str, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "gunicorn", "lab.site.wsgi:application",
-        "--bind", f"{host}:{port}", "--workers", str(WEB_WORKERS),
-        "--threads", str(WEB_THREADS), "--worker-class", "gthread",
-        "--timeout", str(WEB_TIMEOUT_S), "--graceful-timeout", "20",
-        "--access-logfile", "-", "--error-logfile", "-",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "lab.site.wsgi:application",
+        "--bind",
+        f"{host}:{port}",
+        "--workers",
+        str(WEB_WORKERS),
+        "--threads",
+        str(WEB_THREADS),
+        "--worker-class",
+        "gthread",
+        "--timeout",
+        str(WEB_TIMEOUT_S),
+        "--graceful-timeout",
+        "20",
+        "--access-logfile",
+        "-",
+        "--error-logfile",
+        "-",
+    ]
 
 
 def manage_command(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ from datetime import timedelta
 from django.db import models
 from django.utils import timezone
 
-from lab.jobs.capacity import usable_ranks
+from lab.jobs.capacity import ranks_per_node
 
 
 class Worker(models.Model):
@@ -38,9 +38,9 @@ class Worker(models.Model):
         return self.hostname
 
     @property
-    def ranks(self) -> int:
-        """The most ranks one run may ask of this worker (as WorkerCapacity.ranks)."""
-        return usable_ranks(self.gpus, self.cpu_slots)
+    def ranks_per_node(self) -> int:
+        """The most ranks one run may ask of this worker (as WorkerCapacity.ranks_per_node)."""
+        return ranks_per_node(self.gpus, self.cpu_slots)
 
     def capacity_text(self) -> str:
         if self.gpus:

@@ -6,6 +6,9 @@ trainer stops the same way on any SIGTERM or SIGINT (it finishes its step,
 saves its state and reports ``cancelled``), and cannot know why it got one.
 
 * **cancel**: the user asked (``Run.cancel_requested``): the run ends cancelled.
+* **pause**: its sweep was paused (``Run.paused``, lab/runs/bulk.py): the run
+  goes back to the queue, held, its attempt given back; resuming the sweep
+  lets a worker claim it again, and that attempt resumes from the checkpoint.
 * **shutdown**: this worker is shutting down (``worker_state.SHUTDOWN``: SIGTERM
   or Ctrl-C to the worker, ``make up`` stopping, ``docker stop``), whether this
   supervisor passed the stop on or the signal reached the trainer directly
@@ -31,8 +34,13 @@ from lab.jobs.spawn import has_checkpoint
 from lab.jobs.watch import Supervision, ids
 from lab.jobs.worker_state import SHUTDOWN
 from lab.runs.models import Run, RunStatus
-from trainer.errors import BAD_INPUT_EXIT_CODE
-from trainer.run_folder.files import CONFIG_FILE, EXIT_CODE_FILE, SUMMARY_FILE
+from trainer.errors import BAD_INPUT_EXIT_CODE, FieldError
+from trainer.run_folder.files import (
+    CONFIG_FILE,
+    EXIT_CODE_FILE,
+    SUMMARY_FILE,
+    read_field_errors,
+)
 from trainer.run_folder.guard import LEASE_EXPIRED_EXIT_CODE, RUN_DIR_BUSY_EXIT_CODE
 
 log = logging.getLogger("jobs")
@@ -77,9 +85,9 @@ def ranks_exit_code(run_dir: Path, returncode: int) -> int:
 
 
 def stop_cause(sup: Supervision, returncode: int) -> str:
-    """Why the trainer stopped before its end: "cancel", "shutdown",
+    """Why the trainer stopped before its end: "cancel", "pause", "shutdown",
     "interrupted" (see the module docstring), or "" when it ended on its own."""
-    if sup.reason in ("cancel", "shutdown"):
+    if sup.reason in ("cancel", "pause", "shutdown"):
         return sup.reason
     status = (read_summary(sup.run_dir) or {}).get("status")
     if status != RunStatus.CANCELLED and returncode not in STOP_SIGNAL_EXITS:
@@ -87,9 +95,7 @@ def stop_cause(sup: Supervision, returncode: int) -> str:
     # Stopped by a signal this supervisor did not send (or had not sent yet).
     if SHUTDOWN.is_set():
         return "shutdown"
-    if job_services.cancel_requested(sup.claim):
-        return "cancel"
-    return "interrupted"
+    return job_services.stop_requested(sup.claim) or "interrupted"
 
 
 def outcome(
@@ -116,6 +122,18 @@ def outcome(
         summary,
         f"trainer exited with code {returncode} (log {log_path})\n{log_tail(log_path)}",
     )
+
+
+def config_field_errors(run_dir: Path, returncode: int) -> dict[str, list[str]] | None:
+    """The config fields the trainer refused (exit BAD_INPUT_EXIT_CODE), as
+    ``{path: [messages]}`` from the run folder's field_errors.json; None for any
+    other exit. A refusal that left no file is named as the config's whole."""
+    if returncode != BAD_INPUT_EXIT_CODE:
+        return None
+    errors = read_field_errors(run_dir) or [
+        ("", f"the trainer refused its config (exit code {BAD_INPUT_EXIT_CODE}): see its log")
+    ]
+    return FieldError(errors).as_dict()
 
 
 def member_exit(claim: job_services.Claim, sup: Supervision, returncode: int, log_path) -> str:
@@ -160,9 +178,12 @@ def retry_later(claim: job_services.Claim, sup: Supervision, reason: str, log_pa
     if claim.attempt >= run.max_attempts:
         error = f"{reason}, {claim.attempt} times\n{log_tail(log_path)}"
         job_services.finish_run(
-            claim, status=RunStatus.FAILED, summary=None, error=error,
+            claim,
+            status=RunStatus.FAILED,
+            summary=None,
+            error=error,
             current_step=sup.steps_done,
-        )  # fmt: skip
+        )
         return RunStatus.FAILED
     job_services.requeue_attempt(
         claim, error=f"attempt {claim.attempt}: {reason}; requeued", current_step=sup.steps_done

@@ -6,21 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Q
 from django.utils import timezone
 
 from lab.jobs.health import LIVE_WITHIN_S
 from lab.jobs.models import Worker
 from lab.runs.models import Run, RunStatus
+from lab.runs.queue_order import ahead_of, in_queue_order
 
 
 def queue_position(run: Run) -> int | None:
-    """1-based place among the queued runs of the same queue (priority, then age)."""
-    if run.status != RunStatus.QUEUED:
+    """1-based place among the queued runs of the same queue, in the queue's order
+    (lab/runs/queue_order.py: priority, then age): the turn a worker gives it. None
+    for a run that is not queued or is paused (no worker claims it)."""
+    if run.status != RunStatus.QUEUED or run.paused:
         return None
-    ahead = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED).filter(
-        Q(priority__gt=run.priority) | Q(priority=run.priority, created_at__lt=run.created_at)
-    )
+    queued = Run.objects.filter(queue=run.queue, status=RunStatus.QUEUED, paused=False)
+    ahead = queued.filter(ahead_of(run))
     return ahead.count() + 1
 
 
@@ -28,26 +29,24 @@ def queue_positions(runs: Iterable[Run]) -> dict[int, int]:
     """``{run id: queue_position(run)}`` for the queued runs among ``runs``, in ONE
     query whatever their number (a list page must not ask once per row).
 
-    Reads (id, queue, priority, created_at) of every queued run in the queues
-    involved, in queue order, and ranks them as ``queue_position`` does: runs
-    with the same priority and creation time share a place (SQL's RANK()).
+    Reads the ids and queues of every queued run in the queues involved, in the
+    queue's order, and numbers them as ``queue_position`` does.
     """
-    wanted = {run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED}
+    wanted = {
+        run.pk: run.queue for run in runs if run.status == RunStatus.QUEUED and not run.paused
+    }
     if not wanted:
         return {}
-    rows = (
-        Run.objects.filter(status=RunStatus.QUEUED, queue__in=set(wanted.values()))
-        .order_by("queue", "-priority", "created_at")
-        .values_list("pk", "queue", "priority", "created_at")
+    queued = Run.objects.filter(
+        status=RunStatus.QUEUED, paused=False, queue__in=set(wanted.values())
     )
+    rows = in_queue_order(queued, by_queue=True).values_list("pk", "queue")
     positions: dict[int, int] = {}
-    queue, index, previous, place = None, 0, None, 0
-    for pk, row_queue, priority, created_at in rows.iterator(chunk_size=2000):
+    queue, place = None, 0
+    for pk, row_queue in rows.iterator(chunk_size=2000):
         if row_queue != queue:
-            queue, index, previous = row_queue, 0, None
-        index += 1
-        if (priority, created_at) != previous:
-            place, previous = index, (priority, created_at)
+            queue, place = row_queue, 0
+        place += 1
         if pk in wanted:
             positions[pk] = place
     return positions
@@ -70,7 +69,10 @@ def placement_text(run: Run) -> str:
     """Where the run stands, one line for the run page's header and its status poll:
     "position 2 in cpu · attempt 0/3", "queue cpu · worker w1 GPU 0 · attempt 1/3 · ETA 40 s"."""
     position = queue_position(run)
-    parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
+    if run.waits_paused:
+        parts = [f"paused in {run.queue} (resume its sweep to queue it again)"]
+    else:
+        parts = [f"position {position} in {run.queue}" if position else f"queue {run.queue}"]
     gang = run.gang_members
     if run.nodes > 1 and gang and run.status == RunStatus.RUNNING:
         workers = ", ".join(m["worker"] for m in gang)
@@ -85,6 +87,8 @@ def placement_text(run: Run) -> str:
         parts.append(f"ETA {eta:.0f} s")
     if run.cancel_requested and run.status == RunStatus.RUNNING:
         parts.append("cancelling…")
+    elif run.paused and run.status == RunStatus.RUNNING:
+        parts.append("pausing… (stops at a checkpoint)")
     return " · ".join(parts)
 
 
@@ -108,18 +112,20 @@ def waiting_reason(run: Run) -> str | None:
     GPUs; the largest live worker on gpu-a100 has 4 GPUs"). None otherwise."""
     if run.status != RunStatus.QUEUED:
         return None
+    if run.paused:
+        return "paused with its sweep: no worker takes it until the sweep is resumed"
     workers = Worker.live_serving(run.queue, LIVE_WITHIN_S)
     if not workers:
         return unserved_warning(run.queue)
-    largest = max(workers, key=lambda w: w.ranks)
+    largest = max(workers, key=lambda w: w.ranks_per_node)
     unit = "GPU" if largest.gpus else "rank"
     need = f"{run.gpus} {unit}" + ("s" if run.gpus != 1 else "")
-    if largest.ranks < run.gpus:
+    if largest.ranks_per_node < run.gpus:
         return (
             f"needs {need}; the largest live worker on {run.queue} has "
             f"{largest.capacity_text()}: it waits until a worker that owns {run.gpus} starts"
         )
-    fitting = sum(1 for w in workers if w.ranks >= run.gpus)
+    fitting = sum(1 for w in workers if w.ranks_per_node >= run.gpus)
     if fitting < run.nodes:
         return (
             f"needs {run.nodes} workers with {need} each at once; {fitting} live worker"

@@ -30,6 +30,7 @@ from lab.runs.dispatch import new_task_id, send_run_on_commit, waiting_messages
 from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import Run, RunOrigin, RunStatus
+from lab.runs.queue_order import QUEUE_ORDER
 from trainer.run_folder.files import METRICS_FILE, parse_metric_lines
 
 log = logging.getLogger("jobs")
@@ -44,8 +45,6 @@ class Claim:
     node: int = 0  # a gang's member number (lab/jobs/gang.py); 0 leads, and a lone run is 0
 
 
-# The claim order: what jobs/queries.py ``queue_position`` counts.
-CLAIM_ORDER = ("-priority", "created_at", "pk")
 # Candidates looked at per claim: another worker may take the first ones meanwhile.
 CLAIM_CANDIDATES = 8
 
@@ -55,7 +54,7 @@ def claim_run(run_id: int, *, worker_host: str, gpu_index: str = "") -> Claim | 
     a cancel or a finished run got there first (the caller just returns)."""
     now = timezone.now()
     with transaction.atomic():
-        won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, paused=False).update(
             status=RunStatus.RUNNING,
             attempts=F("attempts") + 1,
             worker_host=worker_host,
@@ -71,10 +70,10 @@ def claim_run(run_id: int, *, worker_host: str, gpu_index: str = "") -> Claim | 
 
 
 def claim_next(
-    queue: str, *, worker_host: str, gpu_index: str = "", max_ranks: int | None = None
+    queue: str, *, worker_host: str, gpu_index: str = "", max_ranks_per_node: int | None = None
 ) -> Claim | None:
     """Claim the highest-priority, oldest queued run of ``queue`` that fits this
-    worker (``Run.gpus <= max_ranks``; None: any); None when none is left.
+    worker (``Run.gpus <= max_ranks_per_node``; None: any); None when none is left.
 
     Whatever message woke the worker, the database picks the run, so the order
     runs start is the queue position the pages show even on a broker that
@@ -90,8 +89,10 @@ def claim_next(
         with transaction.atomic():
             candidates = list(
                 Run.objects.select_for_update(skip_locked=True)
-                .filter(queue=queue, status=RunStatus.QUEUED, **_fits(max_ranks))
-                .order_by(*CLAIM_ORDER)
+                .filter(
+                    queue=queue, status=RunStatus.QUEUED, paused=False, **_fits(max_ranks_per_node)
+                )
+                .order_by(*QUEUE_ORDER)
                 .values_list("pk", "gpus")[:CLAIM_CANDIDATES]
             )
             for run_id, ranks in candidates:
@@ -104,14 +105,14 @@ def claim_next(
             return None
 
 
-def _fits(max_ranks: int | None) -> dict[str, int]:
-    return {} if max_ranks is None else {"gpus__lte": max_ranks}
+def _fits(max_ranks_per_node: int | None) -> dict[str, int]:
+    return {} if max_ranks_per_node is None else {"gpus__lte": max_ranks_per_node}
 
 
 def heartbeat(claim: Claim, current_step: int | None = None) -> bool:
     """Record liveness; returns False when this attempt no longer owns the run
     (requeued as stale, or already finished): the caller must stop its trainer.
-    Cancel requests are read separately by ``cancel_requested``."""
+    Cancel and pause requests are read separately by ``stop_requested``."""
     fields: dict[str, Any] = {"heartbeat_at": timezone.now()}
     if current_step is not None:
         fields["current_step"] = current_step
@@ -121,8 +122,14 @@ def heartbeat(claim: Claim, current_step: int | None = None) -> bool:
     return bool(owned)
 
 
-def cancel_requested(claim: Claim) -> bool:
-    return bool(Run.objects.filter(pk=claim.run_id, cancel_requested=True).exists())
+def stop_requested(claim: Claim) -> str:
+    """Why the run's trainer should stop now: "cancel" (the user cancelled it),
+    "pause" (its sweep was paused) or "" (neither)."""
+    flags = Run.objects.filter(pk=claim.run_id).values_list("cancel_requested", "paused").first()
+    if flags is None:
+        return ""
+    cancel, paused = flags
+    return "cancel" if cancel else "pause" if paused else ""
 
 
 def finish_run(
@@ -132,12 +139,15 @@ def finish_run(
     summary: dict[str, Any] | None,
     error: str = "",
     current_step: int | None = None,
+    field_errors: dict[str, list[str]] | None = None,
 ) -> bool:
-    """running -> final status, fenced by the attempt; False if this attempt lost the run."""
+    """running -> final status, fenced by the attempt; False if this attempt lost the run.
+    ``field_errors``: the config fields a run failed on ({path: [messages]})."""
     fields: dict[str, Any] = {
         "status": status,
         "summary": summary,
         "error": error[-20000:],
+        "field_errors": field_errors or {},
         "finished_at": timezone.now(),
         "heartbeat_at": timezone.now(),
     }
@@ -281,18 +291,19 @@ def republish_queued_runs(republish_after_s: float) -> list[ReconcileAction]:
     cutoff = timezone.now() - timedelta(seconds=republish_after_s)
     actions = []
     unpublished = Q(published_at__lt=cutoff) | Q(published_at__isnull=True)
+    # A paused run waits for its resume, which publishes its wake-up.
     queues = (
-        Run.objects.filter(unpublished, status=RunStatus.QUEUED)
+        Run.objects.filter(unpublished, status=RunStatus.QUEUED, paused=False)
         .values_list("queue", flat=True)
         .distinct()
     )
     for queue in sorted(set(queues)):
-        queued = Run.objects.filter(queue=queue, status=RunStatus.QUEUED)
+        queued = Run.objects.filter(queue=queue, status=RunStatus.QUEUED, paused=False)
         waiting = waiting_messages(queue)
         missing = queued.count() - waiting if waiting is not None else queued.count()
         if missing <= 0:
             continue
-        lost = queued.filter(unpublished).order_by(*CLAIM_ORDER)
+        lost = queued.filter(unpublished).order_by(*QUEUE_ORDER)
         for run_id, priority, attempts in lost.values_list("pk", "priority", "attempts")[:missing]:
             task_id = new_task_id()
             # published_at moves on, so a run is republished at most once per period.

@@ -34,6 +34,7 @@ from trainer.reward_functions import ENV_VAR as REWARD_ENV_VAR
 from trainer.run_folder.files import (
     CONFIG_FILE,
     EXIT_CODE_FILE,
+    FIELD_ERRORS_FILE,
     LOG_FILE,
     SUMMARY_FILE,
     checkpoint_path,
@@ -69,7 +70,7 @@ def trainer_command(
         args.append("--resume")
     if lease is not None:
         args += ["--lease-file", str(lease), "--lease-s", f"{lease_s:g}"]
-    return launch_command(args, ranks=gpus, rendezvous=rendezvous)
+    return launch_command(args, ranks_per_node=gpus, rendezvous=rendezvous)
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -91,6 +92,7 @@ def prepare(run: Run, sup: Supervision) -> tuple[Path, list[str]]:
     if not sup.member:
         (run_dir / SUMMARY_FILE).unlink(missing_ok=True)  # never read a previous attempt's
         (run_dir / EXIT_CODE_FILE).unlink(missing_ok=True)
+        (run_dir / FIELD_ERRORS_FILE).unlink(missing_ok=True)
     sup.lease = lease_file(run_dir, sup.claim.attempt)
     renew_lease(sup.lease)
     cmd = trainer_command(
@@ -105,7 +107,9 @@ def prepare(run: Run, sup: Supervision) -> tuple[Path, list[str]]:
     return run_dir / (f"trainer.node{node}.log" if sup.member else LOG_FILE), cmd
 
 
-def start(cmd: list[str], log_path: Path, sup: Supervision, ranks: int) -> subprocess.Popen:
+def start(
+    cmd: list[str], log_path: Path, sup: Supervision, ranks_per_node: int
+) -> subprocess.Popen:
     """Spawn the trainer, its output appended to ``log_path`` after a header
     naming the attempt. OSError when the log cannot be opened."""
     log.info("run %s attempt %s: %s", *ids(sup.claim), " ".join(cmd))
@@ -115,7 +119,7 @@ def start(cmd: list[str], log_path: Path, sup: Supervision, ranks: int) -> subpr
         return subprocess.Popen(
             tied_to_this_process(cmd),
             cwd=REPO_ROOT,
-            env=trainer_env(ranks),
+            env=trainer_env(ranks_per_node),
             stdin=subprocess.DEVNULL,
             stdout=log_fh,
             stderr=subprocess.STDOUT,
@@ -123,9 +127,9 @@ def start(cmd: list[str], log_path: Path, sup: Supervision, ranks: int) -> subpr
         )
 
 
-def trainer_env(ranks: int) -> dict[str, str]:
+def trainer_env(ranks_per_node: int) -> dict[str, str]:
     """The trainer's environment: a GPU worker that owns more devices than the
-    run needs shows it only the first ``ranks`` of them; a slot of a shared GPU
+    run needs shows it only the first ``ranks_per_node`` of them; a slot of a shared GPU
     caps it at the slot's share of the memory; the reward functions it may run are
     the lab's list (``LAB_REWARD_MODULES``)."""
     return {
@@ -134,7 +138,7 @@ def trainer_env(ranks: int) -> dict[str, str]:
         # The trainer runs only the reward functions this lab offers, whatever the
         # stored config names (a run queued before the list changed included).
         REWARD_ENV_VAR: ",".join(settings.LAB_REWARD_MODULES),
-        **capacity.this_worker().trainer_environment(ranks),
+        **capacity.this_worker().trainer_environment(ranks_per_node),
     }
 
 

@@ -48,12 +48,15 @@ def claim_for_wake_up(run_id: int, *, worker_host: str) -> job_services.Claim | 
         log.info("run %s: no such run (deleted); skipping", run_id)
         return None
     owns = capacity.this_worker()
-    joined = gang.join(queue, worker_host=worker_host, max_ranks=owns.ranks)
+    joined = gang.join(queue, worker_host=worker_host, max_ranks_per_node=owns.ranks_per_node)
     if joined is not None:
         log.info("wake-up for run %s: joined run %s attempt %s as node %s", run_id, *joined)
         return job_services.Claim(*joined)
     claim = job_services.claim_next(
-        queue, worker_host=worker_host, gpu_index=",".join(owns.devices), max_ranks=owns.ranks
+        queue,
+        worker_host=worker_host,
+        gpu_index=",".join(owns.devices),
+        max_ranks_per_node=owns.ranks_per_node,
     )
     is_gang = claim is not None and Run.objects.filter(pk=claim.run_id, nodes__gt=1).exists()
     if is_gang and not gang.lead(claim.run_id, claim.attempt, worker_host):
@@ -84,7 +87,9 @@ def _supervise(claim: job_services.Claim) -> str:
         # may differ from the web server's, and a stored config predates them.
         check_config_paths(run.config or {})
     except FieldError as exc:
-        return _fail_at_once(claim, f"invalid config: {exc} (run folder {run_dir})")
+        return _fail_at_once(
+            claim, f"invalid config: {exc} (run folder {run_dir})", field_errors=exc.as_dict()
+        )
     if run.nodes > 1 and not sup.member:
         sup.gang_deadline = time.monotonic() + settings.LAB_GANG_TIMEOUT_S
     # A member finds the folder held by its own gang's leader: it never waits on it.
@@ -121,9 +126,13 @@ def _supervise(claim: job_services.Claim) -> str:
     return _record(run, sup, returncode, log_path)
 
 
-def _fail_at_once(claim: job_services.Claim, error: str) -> str:
+def _fail_at_once(
+    claim: job_services.Claim, error: str, field_errors: dict[str, list[str]] | None = None
+) -> str:
     log.error("run %s attempt %s: %s", *ids(claim), error)
-    job_services.finish_run(claim, status=RunStatus.FAILED, summary=None, error=error)
+    job_services.finish_run(
+        claim, status=RunStatus.FAILED, summary=None, error=error, field_errors=field_errors
+    )
     return RunStatus.FAILED
 
 
@@ -151,6 +160,9 @@ def _record(run: Run, sup: Supervision, returncode: int, log_path: Path) -> str:
     if cause == "shutdown":
         outcome.give_back(claim, sup, "the worker shut down", log_path)
         return "requeued"
+    if cause == "pause":
+        outcome.give_back(claim, sup, "its sweep was paused (held until it is resumed)", log_path)
+        return "paused"
     if returncode in outcome.RETRY_REASONS:
         return outcome.retry_later(claim, sup, outcome.RETRY_REASONS[returncode], log_path)
     if run.nodes > 1:
@@ -164,8 +176,16 @@ def _record(run: Run, sup: Supervision, returncode: int, log_path: Path) -> str:
     status, summary, error = outcome.outcome(
         returncode, sup.run_dir, log_path, cancelled=cause == "cancel"
     )
+    field_errors = (
+        outcome.config_field_errors(sup.run_dir, returncode) if status == RunStatus.FAILED else None
+    )
     job_services.finish_run(
-        claim, status=status, summary=summary, error=error, current_step=sup.steps_done
+        claim,
+        status=status,
+        summary=summary,
+        error=error,
+        current_step=sup.steps_done,
+        field_errors=field_errors,
     )
     log.info("run %s attempt %s: %s (exit %s)", *ids(claim), status, returncode)
     return status

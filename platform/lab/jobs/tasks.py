@@ -57,6 +57,12 @@ def check_dataset(dataset_id: int) -> str:
     return assets.check_dataset(int(dataset_id))
 
 
+@shared_task(name=assets.CHECK_MODEL_TASK, acks_late=True, ignore_result=True)
+def check_model(model_id: int) -> str:
+    """Scan a large registered checkpoint's weights (assets/services.check_model)."""
+    return assets.check_model(int(model_id))
+
+
 @shared_task(name=exports.EXPORT_TASK, acks_late=True, ignore_result=True)
 def export_checkpoint(export_id: int) -> str:
     """Write a run's checkpoint as a Hugging Face folder (runs/exports.py)."""

@@ -50,8 +50,11 @@ def wait_until_working(procs: Procs, slots: int, var: Path, url: str) -> Started
     web = workers = trained = False
     while time.monotonic() < deadline:
         close_old_connections()
-        dead = [f"{name} exited with {p.returncode} (see {var}/{name}.log)"
-                for name, p in procs if p.poll() is not None]  # fmt: skip
+        dead = [
+            f"{name} exited with {p.returncode} (see {var}/{name}.log)"
+            for name, p in procs
+            if p.poll() is not None
+        ]
         if dead:
             started.problems += dead
             return started
@@ -63,13 +66,23 @@ def wait_until_working(procs: Procs, slots: int, var: Path, url: str) -> Started
             started.training = dict(running.values_list("pk", "max_attempts"))
             started.notes.append(
                 f"web answered, {slots} worker slot(s) live, "
-                + (f"run(s) {sorted(started.training)} training" if waiting_runs
-                   else "no run waiting to train")
-            )  # fmt: skip
+                + (
+                    f"run(s) {sorted(started.training)} training"
+                    if waiting_runs
+                    else "no run waiting to train"
+                )
+            )
             return started
         time.sleep(POLL_S)
-    missing = [what for what, ok in (("the web server's answer", web),
-               (f"{slots} live worker slot(s)", workers), ("a training run", trained)) if not ok]  # fmt: skip
+    missing = [
+        what
+        for what, ok in (
+            ("the web server's answer", web),
+            (f"{slots} live worker slot(s)", workers),
+            ("a training run", trained),
+        )
+        if not ok
+    ]
     started.problems.append(f"after {CHECK_TIMEOUT_S:.0f} s still no {', no '.join(missing)}")
     return started
 
@@ -106,5 +119,8 @@ def _answers(url: str) -> bool:
 def _live_slots(since: datetime) -> int:
     """Workers of the default queue that heartbeat since the check began."""
     live = Worker.objects.filter(last_seen__gte=since)
-    return sum(1 for queues in live.values_list("queues", flat=True)
-               if settings.LAB_DEFAULT_QUEUE in queues)  # fmt: skip
+    return sum(
+        1
+        for queues in live.values_list("queues", flat=True)
+        if settings.LAB_DEFAULT_QUEUE in queues
+    )

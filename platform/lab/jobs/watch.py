@@ -1,6 +1,7 @@
 """Watch one attempt's trainer until it exits: tail and store its metrics,
 record its warm-start progress, heartbeat and renew its lease, and stop it
-when the run is cancelled, this worker shuts down or the attempt lost the run.
+when the run is cancelled or paused, this worker shuts down or the attempt
+lost the run.
 
 A stop is cooperative: SIGTERM, the trainer finishes its step (or its warm
 start's step), saves what it has and exits; SIGKILL only after
@@ -46,7 +47,8 @@ class Supervision:
     tail: MetricsTail
     last_step: int = -1
     term_sent_at: float | None = None
-    # Why this supervisor stopped the trainer: "cancel" | "shutdown" | "lost" ("": it did not)
+    # Why this supervisor stopped the trainer: "cancel" | "pause" | "shutdown" | "lost"
+    # ("": it did not)
     reason: str = ""
     lease: Path | None = None  # renewed after every heartbeat this attempt wins
     # Metric lines read from the file but not yet stored (the database refused
@@ -149,8 +151,8 @@ def watch(proc: subprocess.Popen, sup: Supervision) -> int:
             last_cancel_check = now
             if SHUTDOWN.is_set():
                 sup.reason = "shutdown"
-            elif _cancel_requested(sup):
-                sup.reason = "cancel"
+            else:
+                sup.reason = _stop_requested(sup)
             if sup.reason:
                 # Cooperative stop: the trainer finishes its step, checkpoints, exits.
                 proc.send_signal(signal.SIGTERM)
@@ -183,9 +185,10 @@ def database_error(sup: Supervision, exc: Exception) -> None:
         )
 
 
-def _cancel_requested(sup: Supervision) -> bool:
+def _stop_requested(sup: Supervision) -> str:
+    """ "cancel", "pause" or "" (an unreachable database asks nothing)."""
     try:
-        return job_services.cancel_requested(sup.claim)
+        return job_services.stop_requested(sup.claim)
     except UNREACHABLE as exc:
         database_error(sup, exc)
-        return False
+        return ""

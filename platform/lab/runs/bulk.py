@@ -1,4 +1,5 @@
-"""Actions on many runs at once, and putting a finished run back in the queue.
+"""Actions on many runs at once (cancel; a sweep's pause, resume and clear), and
+putting a finished run back in the queue.
 
 Bulk cancel goes through ``lifecycle.cancel_run`` run by run, so each run
 gets exactly the single-run treatment (a queued run is cancelled at once, a
@@ -62,6 +63,63 @@ def cancel_sweep(sweep: Sweep, *, user) -> BulkOutcome:
     return cancel_runs(sweep.runs.values_list("pk", flat=True), user=user)
 
 
+def _sweep_runs(sweep: Sweep, user, outcome: BulkOutcome, **filters):
+    """The sweep's runs matching ``filters`` that ``user`` may change; the others
+    are counted in ``outcome`` and never touched."""
+    for run in sweep.runs.filter(**filters).order_by("pk"):
+        if run.is_external:
+            outcome.external.append(run.pk)
+        elif not run.can_manage(user):
+            outcome.skipped.append(run.pk)
+        else:
+            yield run
+
+
+def pause_sweep(sweep: Sweep, *, user) -> BulkOutcome:
+    """Hold a sweep's unfinished runs: a queued one stays queued but no worker
+    claims it; a training one stops at its next step, checkpoints and comes back
+    queued and held with its attempt given back (lab/jobs/outcome.py, "pause").
+    Finished runs, and every result stored, are left as they are."""
+    outcome = BulkOutcome()
+    for run in _sweep_runs(sweep, user, outcome, status__in=ACTIVE_STATUSES, paused=False):
+        if Run.objects.filter(pk=run.pk, status__in=ACTIVE_STATUSES).update(paused=True):
+            outcome.done.append(run.pk)
+    return outcome
+
+
+def resume_sweep(sweep: Sweep, *, user) -> BulkOutcome:
+    """Queue a paused sweep's runs again, each where its priority and age put it,
+    with a fresh wake-up; a run still stopping for the pause comes back queued and
+    is woken by its own requeue."""
+    outcome = BulkOutcome()
+    for run in _sweep_runs(sweep, user, outcome, paused=True):
+        with transaction.atomic():
+            task_id = new_task_id()
+            if Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED, paused=True).update(
+                paused=False, task_id=task_id, published_at=timezone.now()
+            ):
+                send_run_on_commit(run.pk, run.queue, run.priority, task_id)
+            else:
+                Run.objects.filter(pk=run.pk).update(paused=False)
+        outcome.done.append(run.pk)
+    return outcome
+
+
+def clear_sweep(sweep: Sweep, *, user) -> BulkOutcome:
+    """Take a sweep's unfinished runs out of the queue for good: a waiting one
+    (queued or paused) is deleted, a training one is cancelled (it stops at a
+    checkpoint and keeps the steps it stored). Finished runs stay, and so does
+    their review."""
+    outcome = BulkOutcome()
+    for run in _sweep_runs(sweep, user, outcome, status__in=ACTIVE_STATUSES):
+        try:
+            lifecycle.delete_run(run, user=user)
+        except lifecycle.InvalidState:  # training (or claimed meanwhile): stop it instead
+            lifecycle.cancel_run(run, user=user)
+        outcome.done.append(run.pk)
+    return outcome
+
+
 def requeue_run(run: Run, *, user) -> Run:
     """Put a failed or cancelled run back in its queue; it resumes from its last
     checkpoint (the worker passes --resume when one exists) and keeps its metrics.
@@ -75,11 +133,18 @@ def requeue_run(run: Run, *, user) -> Run:
         raise lifecycle.InvalidState(
             "an external run is trained elsewhere; the lab cannot requeue it"
         )
+    if run.failed_on_config:  # the same config would be refused the same way
+        fields = ", ".join(sorted(run.field_errors))
+        raise lifecycle.InvalidState(
+            f"run {run.pk} failed on its config ({fields}): a requeue would fail the same "
+            "way; Clone and fix it instead"
+        )
     with transaction.atomic():
         task_id = new_task_id()
         updated = Run.objects.filter(pk=run.pk, status__in=REQUEUEABLE_STATUSES).update(
             status=RunStatus.QUEUED,
             cancel_requested=False,
+            paused=False,
             finished_at=None,
             error="",
             summary=None,

@@ -62,9 +62,12 @@ def request_export(run: Run, *, user, dtype: str = "float32") -> CheckpointExpor
         if existing is not None:
             return existing
         export = CheckpointExport.objects.create(
-            run=run, requested_by=user, step=step, dtype=dtype,
+            run=run,
+            requested_by=user,
+            step=step,
+            dtype=dtype,
             out_dir=str(export_folder(run, step, dtype)),
-        )  # fmt: skip
+        )
         transaction.on_commit(lambda: _publish(export.pk))
     return export
 
@@ -115,9 +118,12 @@ def run_export(export_id: int) -> str:
         # export per run, step and dtype): an earlier failed export of the same
         # step may have left it, so it is replaced as a whole, never refused.
         export_run(
-            Path(export.run.run_dir), export.step, Path(export.out_dir), export.dtype,
+            Path(export.run.run_dir),
+            export.step,
+            Path(export.out_dir),
+            export.dtype,
             replace=True,
-        )  # fmt: skip
+        )
     except FieldError as exc:  # the checkpoint moved on or the folder is not a run
         finish_export(export, str(exc))
         return ExportStatus.FAILED

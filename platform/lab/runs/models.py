@@ -110,6 +110,12 @@ class Run(models.Model):
     )
     max_attempts = models.PositiveSmallIntegerField(default=3)
     cancel_requested = models.BooleanField(default=False)
+    paused = models.BooleanField(
+        default=False,
+        help_text="Held out of the queue (its sweep was paused): no worker claims it, and a "
+        "training run stops at a checkpoint and comes back queued and paused, its attempt "
+        "given back; resuming queues it where its priority and age put it (lab.runs.bulk).",
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
@@ -129,7 +135,9 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
-    current_step = models.IntegerField(default=0, help_text="Steps whose metrics are stored.")
+    current_step = models.BigIntegerField(
+        default=0, help_text="Steps whose metrics are stored (the last step + 1)."
+    )
     phase = models.CharField(
         max_length=16,
         blank=True,
@@ -141,14 +149,22 @@ class Run(models.Model):
         blank=True,
         help_text="The trainer's progress.json: warmstart/step, accuracy, target, eta_s, cached.",
     )
-    metric_chunks_sealed = models.PositiveIntegerField(
+    metric_chunks_sealed = models.PositiveBigIntegerField(
         default=0,
         help_text="Leading chunks of CHUNK_STEPS steps whose metrics are kept as columns "
         "(MetricColumn); steps from chunk number metric_chunks_sealed on are read from rows.",
     )
-    total_steps = models.IntegerField()
+    total_steps = models.BigIntegerField()
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    field_errors = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The config fields a failed run was refused on where it was to train "
+        "(the trainer's exit code 2, or the worker's check of its paths): {dotted path: "
+        "[messages]}. Such a run is cloned and fixed (the run form shows them at their "
+        "fields), never requeued: it would fail the same way.",
+    )
     run_dir = models.CharField(max_length=500, blank=True)
     origin = models.CharField(
         max_length=16,
@@ -206,6 +222,15 @@ class Run(models.Model):
         return self.origin == RunOrigin.EXTERNAL
 
     @property
+    def failed_on_config(self) -> bool:
+        return self.status == RunStatus.FAILED and bool(self.field_errors)
+
+    @property
+    def waits_paused(self) -> bool:
+        """Queued but held back: no worker claims it until it is resumed."""
+        return self.paused and self.status == RunStatus.QUEUED
+
+    @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
 
@@ -232,7 +257,7 @@ class MetricStep(models.Model):
     """All metrics of one step of one run: {"reward/accuracy": 0.4, "experts/load/L0": [...]}."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_steps")
-    step = models.IntegerField()
+    step = models.BigIntegerField()  # an external run's steps reach 2^53 - 1 (tracking/payload.py)
     values = models.JSONField()
 
     class Meta:
@@ -274,7 +299,7 @@ class MetricColumn(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_columns")
     key = models.CharField(max_length=200, blank=True)
-    chunk = models.PositiveIntegerField()
+    chunk = models.PositiveBigIntegerField()
     steps = models.BinaryField()
     values = models.BinaryField()
 
@@ -331,7 +356,7 @@ class CheckpointExport(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
-    step = models.IntegerField(help_text="RL steps of the checkpoint exported.")
+    step = models.BigIntegerField(help_text="RL steps of the checkpoint exported.")
     dtype = models.CharField(max_length=16, default="float32")
     status = models.CharField(
         max_length=16, choices=ExportStatus.choices, default=ExportStatus.QUEUED

@@ -118,6 +118,9 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "lab.api.middleware.PayloadLimitMiddleware",
     "lab.api.middleware.QueryTextMiddleware",
+    # Listed early so its process_exception runs last: a view that cannot reach the
+    # database answers 503 + Retry-After, after every other handler declined.
+    "lab.api.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -286,6 +289,9 @@ LAB_MAX_SWEEP_RUNS = int(os.environ.get("LAB_MAX_SWEEP_RUNS", 256))
 # A dataset file larger than this is checked by the control queue's worker, not inside
 # the web request that registers it (it shows as "checking" until then).
 LAB_DATASET_INLINE_BYTES = int(os.environ.get("LAB_DATASET_INLINE_BYTES", 16 * 1024**2))
+# A checkpoint with more weight bytes than this has its weights scanned for NaN and Inf
+# by the control queue's worker (about 1 GB/s), not inside the request that registers it.
+LAB_MODEL_INLINE_BYTES = int(os.environ.get("LAB_MODEL_INLINE_BYTES", 2 * 1024**3))
 LAB_QUEUES = [q for q in os.environ.get("LAB_QUEUES", "cpu,gpu-a100").split(",") if q]
 LAB_DEFAULT_QUEUE = os.environ.get("LAB_DEFAULT_QUEUE", "cpu")
 # What this worker process can run (lab/jobs/capacity.py): GPUs it owns (default:

@@ -7,11 +7,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from lab.api.middleware import RETRY_AFTER_S
 from lab.tracking import payload
 from lab.tracking.auth import request_user
 from lab.tracking.errors import (
@@ -51,11 +52,13 @@ def endpoint(
                 return answer if isinstance(answer, HttpResponseBase) else JsonResponse(answer)
             except MlflowError as exc:
                 return exc.response()
-            except OperationalError as exc:
+            except (OperationalError, InterfaceError) as exc:
                 log.warning("tracking %s: database busy: %s", request.path, exc)
-                return MlflowError(
-                    TEMPORARILY_UNAVAILABLE, "the database is busy; retry"
+                response = MlflowError(
+                    TEMPORARILY_UNAVAILABLE, "the database is busy or unreachable; retry"
                 ).response()
+                response["Retry-After"] = str(RETRY_AFTER_S)
+                return response
             except Exception:
                 log.exception("tracking %s failed", request.path)
                 return MlflowError(

@@ -30,8 +30,11 @@ MAX_RUN_NAME_LENGTH = 200  # Run.variant
 # The lab's metric-key column (runs.MetricColumn.key): a longer metric name could
 # not be sealed into columns.
 MAX_METRIC_KEY_LENGTH = 200
-# Steps are the lab's MetricStep.step (a 32-bit integer column on every backend).
-MAX_STEP = 2**31 - 1
+# Steps are stored in 64-bit columns (MetricStep.step, Run.current_step, the
+# columns' chunks); the bound is the largest integer a browser's chart (a JavaScript
+# number) holds exactly, 2^53 - 1, so a step is drawn where it was logged. MLflow
+# allows any int64: a step beyond this is a field error, never a 500.
+MAX_STEP = 2**53 - 1
 MAX_TIMESTAMP_MS = 2**63 - 1
 
 

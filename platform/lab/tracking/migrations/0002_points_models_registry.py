@@ -7,8 +7,8 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("experiments", "0005_experiment_deleted_at"),
-        ("runs", "0008_run_deleted_at"),
+        ("experiments", "0006_experiment_deleted_at"),
+        ("runs", "0011_run_deleted_at"),
         ("tracking", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

@@ -139,11 +139,15 @@ class Command(BaseCommand):
                 (
                     name,
                     subprocess.Popen(
-                        cmd, cwd=launch.ROOT, env=launch.process_env(env), stdout=log,
-                        stderr=subprocess.STDOUT, start_new_session=True,
+                        cmd,
+                        cwd=launch.ROOT,
+                        env=launch.process_env(env),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
                     ),
                 )
-            )  # fmt: skip
+            )
 
         start("web", launch.web_command(host, port))
         # One thread per slot: slots x threads = cores, so the runs do not fight over

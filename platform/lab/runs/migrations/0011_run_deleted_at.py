@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0007_run_origin_source"),
+        ("runs", "0010_bigint_steps"),
     ]
 
     operations = [

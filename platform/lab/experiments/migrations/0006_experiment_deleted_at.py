@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("experiments", "0004_sweep_study_help_text"),
+        ("experiments", "0005_sweep_idempotency"),
     ]
 
     operations = [
