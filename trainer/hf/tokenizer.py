@@ -240,6 +240,11 @@ class CheckpointTokenizer:
             kept.append(token)
         return self._tok.decode(kept, skip_special_tokens=False)
 
+    def close(self) -> None:
+        """End the chat template's rendering process (a tokenizer used only to check)."""
+        if self._template is not None:
+            self._template.close()
+
     def __repr__(self) -> str:
         return f"CheckpointTokenizer({self.folder}, vocab_size={self.vocab_size})"
 
@@ -338,15 +343,59 @@ def checkpoint_tokenizer(cfg: ModelConfig) -> CheckpointTokenizer | None:
 
 def install_checkpoint_tokenizer(task: Any, cfg: ExperimentConfig) -> None:
     """Make ``task`` speak the checkpoint's tokens (no-op for the builtin model),
-    then check the lengths again in those tokens (prompt + max_new_tokens must
-    fit max_seq_len; validation counted the lab's characters)."""
-    from trainer.tasks.factory import check_lengths
-
+    then check it in those tokens (``task_errors_in_tokens``): validation counted
+    the lab's characters."""
     tokenizer = checkpoint_tokenizer(cfg.model)
     if tokenizer is None:
         task.tokens_known()  # the builtin model: the task's own tokens are the run's
         return
     task.tokenizer = tokenizer
-    errors = check_lengths(cfg, task)
+    errors = task_errors_in_tokens(cfg, task)
     if errors:
         raise FieldError(errors)
+
+
+def checkpoint_task_errors(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """What a run of ``cfg`` would be refused for when it starts on its checkpoint,
+    found before it is queued (the platform's config gate, ``lab.configs``): the
+    task built and spoken in the checkpoint's tokens (``task_errors_in_tokens``).
+    Torch-free; [] for the builtin model."""
+    if cfg.model.source == "builtin":
+        return []
+    from trainer.tasks.factory import make_task
+
+    task = make_task(cfg.task)
+    tokenizer = checkpoint_tokenizer(cfg.model)
+    try:
+        task.tokenizer = tokenizer
+        return task_errors_in_tokens(cfg, task)
+    finally:
+        tokenizer.close()
+
+
+ANSWER_SAMPLE = 16  # held-out problems whose perfect response must survive the tokenizer
+
+
+def task_errors_in_tokens(cfg: ExperimentConfig, task: Any) -> list[tuple[str, str]]:
+    """A task on a checkpoint's tokenizer: the lengths (prompt + ``rollout.max_new_tokens``
+    within ``model.max_seq_len``, the longest supervised response with EOS within
+    ``rollout.max_new_tokens``: ``trainer.tasks.factory.check_lengths``), then the
+    answer format: a perfect response (the supervised target), encoded and decoded,
+    must still score as correct, else no sampled response ever could (a tokenizer
+    that cannot write ``####`` or the answer's digits)."""
+    from trainer.tasks.factory import check_lengths
+
+    errors = check_lengths(cfg, task)
+    for problem in task.eval_set()[:ANSWER_SAMPLE]:
+        written = task.tokenizer.decode(task.tokenizer.encode(problem.target, bos=False))
+        if not task.is_correct(problem, written):
+            errors.append(
+                (
+                    SOURCE,
+                    f"the checkpoint's tokenizer cannot write this task's answers: the "
+                    f"correct response {problem.target[-80:]!r} decodes as "
+                    f"{written[-80:]!r}, which the verifier does not score as correct",
+                )
+            )
+            break
+    return errors
