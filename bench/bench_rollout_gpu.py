@@ -6,14 +6,17 @@ small batch (where launch overhead rules, and a captured decode step should
 help) and at the preset's rollout batch. Variants:
 
 * ``bf16 eager``: what GPU presets run today;
-* ``bf16 compiled``: ``rollout.decode=compiled``, the decode step captured as
-  a CUDA graph (``torch.compile(mode="reduce-overhead")``);
+* ``bf16 compiled``: ``rollout.decode=compiled``, the decode step over
+  power-of-two buckets of the KV cache, one graph per bucket, captured as a
+  CUDA graph (``torch.compile(mode="reduce-overhead")``);
 * ``fp8 eager``: ``rollout.precision=fp8`` with the capability's native
   e4m3 GEMMs (``torch._scaled_mm`` / ``_scaled_grouped_mm`` on sm90);
 * ``fp32 eager`` and ``fp32 compiled``: the zero-gap control's engine.
 
 Times are CUDA-synchronised medians of ``--repeats`` calls after two warm-up
 calls; a compiled variant's first call (compile and capture) is reported apart.
+Each row states the step against its memory roofline (bench/roofline.py: the
+weights and KV-cache bytes a step reads over the device's HBM bandwidth).
 
     python -m bench.bench_rollout_gpu [--preset gpu-moe16-grpo] [--dry]
 
@@ -31,11 +34,13 @@ import torch
 from torch._dynamo.utils import counters
 
 from bench.common import environment, median_device_seconds
+from bench.roofline import decode_step_bytes, roofline_s
 from trainer.config.presets import resolve_preset
 from trainer.devices.capability import device_capability
 from trainer.model import TransformerLM
 from trainer.model.dispatch import choose_backend
 from trainer.rollout.engine import RolloutEngine
+from trainer.rollout.static_decode import bucket_for, decode_buckets
 
 VARIANTS = [("bf16", "eager"), ("bf16", "compiled"), ("fp8", "eager"),
             ("fp32", "eager"), ("fp32", "compiled")]  # fmt: skip
@@ -61,6 +66,10 @@ def measure(preset: str, batch: int, prompt: int, new: int, precision: str, deco
     # the first call apart (compile and capture, for a compiled step), one more warm-up
     first = median_device_seconds(rollout, device, repeats=1, warmups=0)
     seconds = median_device_seconds(rollout, device, repeats, warmups=1)
+    columns = _mean_columns(prompt, new, decode)
+    step_bytes = decode_step_bytes(cfg, VOCAB, batch, columns, engine.num.dtype.itemsize)
+    floor = roofline_s(step_bytes["total"], _device_name(device))
+    per_step = seconds / new
     return {
         "preset": preset,
         "batch": batch,
@@ -77,8 +86,28 @@ def measure(preset: str, batch: int, prompt: int, new: int, precision: str, deco
         "first_call_s": round(first, 3),
         "rollout_s": round(seconds, 4),
         "tokens_per_s": round(batch * new / seconds),
-        "ms_per_decode_step": round(1000 * seconds / new, 3),
+        "ms_per_decode_step": round(1000 * per_step, 3),
+        # the memory roofline (bench/roofline.py): weights + KV cache read per step
+        "columns_attended": round(columns, 1),
+        "step_mb": {k: round(v / 1e6, 2) for k, v in step_bytes.items()},
+        "roofline_ms": None if floor is None else round(1000 * floor, 4),
+        "x_roofline": None if floor is None else round(per_step / floor, 1),
     }
+
+
+def _mean_columns(prompt: int, new: int, decode: str) -> float:
+    """Mean cache columns a decode step attends over: eager reads up to its column;
+    the compiled step reads its bucket (trainer.rollout.static_decode)."""
+    total = prompt + new
+    cols = [prompt + s + 1 for s in range(new - 1)]
+    if decode == "compiled":
+        buckets = decode_buckets(total)
+        cols = [bucket_for(c, buckets) for c in cols]
+    return sum(cols) / len(cols)
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -121,8 +121,12 @@ def report(
 
 def is_lab_program(argv: list[bytes]) -> bool:
     """The lab's own programs: ``python -m trainer``, ``manage.py`` (lab_up, submit,
-    ...), Celery and gunicorn serving lab.site, ``python -m bench.*``."""
+    ...), Celery and gunicorn serving lab.site, ``python -m bench.*``, and the
+    pool processes a study starts (multiprocessing's spawn and forkserver
+    children, whose command line does not name their program)."""
     for i, arg in enumerate(argv):
+        if b"multiprocessing" in arg and (b"spawn_main" in arg or b"forkserver" in arg):
+            return True
         module = argv[i - 1] == b"-m" if i else False
         if module and (arg in (b"trainer", b"celery", b"gunicorn") or arg.startswith(b"bench.")):
             return True

@@ -12,6 +12,7 @@ a new metric on the dashboards is one ``MetricSpec`` entry there.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 STEP = "step"
@@ -30,6 +31,11 @@ EVAL_ACCURACY_CLEAN = "eval/accuracy_clean"
 # training-inference mismatch, measured by a training forward on rollout tokens
 MISMATCH_KL_K1 = "mismatch/kl_k1"  # token mean of -log r, r = pi_train / pi_rollout
 MISMATCH_KL_K3 = "mismatch/kl_k3"  # token mean of r - 1 - log r
+# Other frameworks' training-inference mismatch signals (lab/tracking/metric_map.py), not
+# KLs: the mean |log pi_train - log pi_rollout| and |pi_train - pi_rollout| of the sampled
+# tokens (slime, TRL; verl 0.5); the lab's trainer logs the KLs above instead.
+MISMATCH_LOGP_ABS_DIFF = "mismatch/logp_abs_diff"
+MISMATCH_PROB_ABS_DIFF = "mismatch/prob_abs_diff"
 MISMATCH_KL_K3_MAX = "mismatch/kl_k3_max"  # largest per-sequence k3 mean (spikes)
 MISMATCH_EXTREME_TOKEN_FRAC = "mismatch/extreme_token_frac"  # max(r, 1/r) > 2
 MISMATCH_ROUTING_INCONSISTENCY = "mismatch/routing_inconsistency"  # (token, layer) pairs
@@ -38,7 +44,8 @@ MISMATCH_SDI = "mismatch/sdi"  # mean over sequences of share of mismatched toke
 MISMATCH_EFFECTIVE_ROUTING_INCONSISTENCY = "mismatch/effective_routing_inconsistency"
 
 # experts
-EXPERTS_LOAD_PREFIX = "experts/load/L"  # + layer index -> list[float] of length E
+# + the model's block index (a model with dense blocks logs only its MoE ones)
+EXPERTS_LOAD_PREFIX = "experts/load/L"  # -> list[float] of length E
 
 
 def experts_load(layer: int) -> str:
@@ -49,6 +56,12 @@ EXPERTS_UTILIZATION = "experts/utilization"
 EXPERTS_MAX_VIOLATION = "experts/max_violation"
 EXPERTS_ROUTER_ENTROPY = "experts/router_entropy"
 ROUTER_TEMPERATURE = "router/temperature"
+# The routers' selection bias (auxiliary-loss-free balancing, Wang et al. 2024;
+# DeepSeek-V3's e_score_correction_bias) after the step's update: the mean over MoE
+# layers of mean_e |b_e| and of max_e b_e - min_e b_e. Logged while the stabilizer
+# trains it (stabilizers.balance.aux_free_bias) or the model carries one.
+ROUTER_SELECTION_BIAS_ABS_MEAN = "router/selection_bias_abs_mean"
+ROUTER_SELECTION_BIAS_SPREAD = "router/selection_bias_spread"
 
 # policy / value
 POLICY_LOSS = "policy/loss"
@@ -101,6 +114,8 @@ TIME_STEP_S = "time/step_s"
 # Seconds to load the policy's weights into the rollout engine this step (part of
 # time/rollout_s), as RL systems that separate training and inference report it.
 TIME_WEIGHT_SYNC_S = "time/weight_sync_s"
+# Wall-clock time the step's metrics were written (unix seconds): the charts' time axes
+TIME_WALL = "time/wall"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 
 # warm start: the supervised phase before step 0, reported in RUN_DIR/progress.json
@@ -133,6 +148,8 @@ SCALAR_KEYS: tuple[str, ...] = (
     EVAL_ACCURACY_CLEAN,
     MISMATCH_KL_K1,
     MISMATCH_KL_K3,
+    MISMATCH_LOGP_ABS_DIFF,
+    MISMATCH_PROB_ABS_DIFF,
     MISMATCH_KL_K3_MAX,
     MISMATCH_EXTREME_TOKEN_FRAC,
     MISMATCH_ROUTING_INCONSISTENCY,
@@ -143,6 +160,8 @@ SCALAR_KEYS: tuple[str, ...] = (
     EXPERTS_MAX_VIOLATION,
     EXPERTS_ROUTER_ENTROPY,
     ROUTER_TEMPERATURE,
+    ROUTER_SELECTION_BIAS_ABS_MEAN,
+    ROUTER_SELECTION_BIAS_SPREAD,
     POLICY_LOSS,
     POLICY_KL_REF,
     POLICY_ENTROPY,
@@ -178,13 +197,29 @@ SCALAR_KEYS: tuple[str, ...] = (
     TIME_TRAIN_S,
     TIME_STEP_S,
     TIME_WEIGHT_SYNC_S,
+    TIME_WALL,
     THROUGHPUT_TOKENS_PER_S,
 )
 
 
+# A distribution imported from a TensorBoard histogram (lab/tracking/tensorboard.py):
+# "dist/" + the tag -> its values at DISTRIBUTION_PERCENTS of its mass (TensorBoard's
+# distribution bands: min, -2, -1.5, -1, -0.5 sigma ... of a normal, max)
+DISTRIBUTION_PREFIX = "dist/"
+DISTRIBUTION_PERCENTS = (0.0, 6.68, 15.87, 30.85, 50.0, 69.15, 84.13, 93.32, 100.0)
+
+
+# The names the metric store reads back (charts, the API): MLflow's metric-name alphabet
+# (letters, digits, _ - . / : and spaces: TRL's "profiling/Time taken: ...") and what
+# TensorBoard tags add ("@": verl's "reward/mean@1"; = + % # ( ) [ ]), up to the store's
+# 200-character key; never a double quote (SQLite reads a key as the JSON path $."key")
+# nor a comma (the API's key lists).
+METRIC_NAME = re.compile(r"[A-Za-z0-9_./: @=+%#()\[\]-]{1,200}")
+
+
 def is_vector_key(key: str) -> bool:
-    """Per-layer expert-load vectors are the only non-scalar metrics."""
-    return key.startswith(EXPERTS_LOAD_PREFIX)
+    """Per-layer expert-load vectors and imported distributions are the non-scalar metrics."""
+    return key.startswith((EXPERTS_LOAD_PREFIX, DISTRIBUTION_PREFIX))
 
 
 # Summary fields (RUN_DIR/summary.json, docs/design.md 3.4)
@@ -322,6 +357,20 @@ _SPECS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(MISMATCH_KL_K3_MAX, "largest per-sequence KL (k3)", KL_UNIT, scale=KL_SCALE),
     MetricSpec(
+        MISMATCH_LOGP_ABS_DIFF,
+        "training-inference |log-prob difference|",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
+    ),
+    MetricSpec(
+        MISMATCH_PROB_ABS_DIFF,
+        "training-inference |probability difference|",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
+    ),
+    MetricSpec(
         MISMATCH_EXTREME_TOKEN_FRAC,
         "extreme-token share",
         SHARE,
@@ -362,6 +411,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         ROUTER_TEMPERATURE, "router temperature", moe_only=True, section=SECTION_TEMPERATURE
     ),
     MetricSpec(POLICY_GRAD_NORM, "gradient norm", section=SECTION_GRADIENTS, experiment_page=True),
+    MetricSpec(
+        ROUTER_SELECTION_BIAS_ABS_MEAN,
+        "selection bias, mean |b|",
+        moe_only=True,
+        section=SECTION_BALANCE,
+    ),
+    MetricSpec(
+        ROUTER_SELECTION_BIAS_SPREAD,
+        "selection bias, max - min",
+        moe_only=True,
+        section=SECTION_BALANCE,
+    ),
     MetricSpec(
         GRADS_COS_POLICY_AUX,
         "cos(policy grad, aux grad)",

@@ -63,7 +63,8 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
 def all_errors(
     data: dict[str, Any], *, lengths: bool = True
 ) -> tuple[ExperimentConfig | None, list[tuple[str, str]]]:
-    """(the config, []) or (None, every error). Pydantic checks the fields first and
+    """(the config, []), or (the config with the fields in error at their defaults,
+    every error), or (None, every error) when no config could be made. Pydantic checks the fields first and
     the rules across fields only once they are valid, so the fields in error are
     set aside (their defaults stand in) and the rest checked again, up to
     ``REPAIR_ROUNDS`` times: a wrong type, a rule across two other fields and a
@@ -90,7 +91,7 @@ def all_errors(
         # Lengths depend on the task's formats, so they are checked against the task itself.
         if lengths:
             errors += [(p, m) for p, m in check_lengths(cfg) if not _involves(p, set_aside)]
-        return (None if errors else cfg), errors
+        return cfg, errors
     return None, errors
 
 

@@ -62,7 +62,7 @@ def legend_entries(fig: go.Figure) -> list[str]:
         return []
     names, groups = [], set()
     for trace in fig.data:
-        if trace.showlegend is False or not trace.name:
+        if getattr(trace, "showlegend", False) is False or not trace.name:
             continue
         group = getattr(trace, "legendgroup", None)
         if group and group in groups:
@@ -137,7 +137,8 @@ def fit_layout(fig: go.Figure) -> go.Figure:
     top = 24 + TITLE_LINE_PX * max(1, _lines(title))
     bottom = X_AXIS_PX + AXIS_LINE_PX * max(0, _lines(x_title) - 1) + legend_px
     plot_height = max(PLOT_HEIGHT, ROW_PX * int(meta.get("rows", 0)))
-    height = top + plot_height + bottom
+    # A builder's own height (a parallel-coordinates chart) is a floor.
+    height = max(top + plot_height + bottom, layout.height or 0)
     left = max(layout.margin.l or 60, 44 + AXIS_LINE_PX * _lines(y_title))
     layout.update(
         height=height,

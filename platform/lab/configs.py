@@ -16,6 +16,7 @@ from lab.assets.text_files import config_decode_error
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.config.presets import preset_dict
 from trainer.errors import FieldError
+from trainer.hf.tokenizer import checkpoint_task_errors
 from trainer.reward_functions import FIELD as REWARD_FIELD
 from trainer.reward_functions import permit
 from trainer.validation import all_errors
@@ -97,13 +98,19 @@ def _every_error(data: Mapping[str, Any]) -> ExperimentConfig | list[tuple[str, 
     )
     errors.extend(e for e in schema_errors if e not in errors)
     source = (data.get("model") or {}).get("source") if isinstance(data, Mapping) else None
-    if cfg is not None:
+    if cfg is not None and not schema_errors:
         gather(check_reward_function, cfg)  # imports and calls no reward function
+    if cfg is not None:
         source = cfg.model.source
     if refused:
         return errors
     if isinstance(source, str) and source and not any(p == "model.source" for p, _ in errors):
         gather(check_model_source, source, "model.source")
+    if cfg is not None and source and not any(p == "model.source" for p, _ in errors):
+        # ... and the task spoken in the checkpoint's tokens, as the run will check it
+        # when it starts: the lengths (rollout.max_new_tokens for the longest answer,
+        # model.max_seq_len) and that its tokenizer can write a correct answer.
+        errors.extend(e for e in checkpoint_task_errors(cfg) if e not in errors)
     return errors or cfg
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from playwright.sync_api import Browser, BrowserContext, Page, Route, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
 
 CHROMIUM = os.environ.get("LAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -213,3 +213,13 @@ LAYOUT_PROBLEMS_JS = """(maxLegendPx) => {
 
 def layout_problems(page: Page, max_legend_px: float) -> str:
     return page.evaluate(LAYOUT_PROBLEMS_JS, max_legend_px)
+
+
+def log_in_as_the_demo_user(page: Page, lab) -> None:
+    """The login page, as a newcomer after `make up`: the demo user and the
+    password ``lab.demo_password`` (lab_up's ``_demo_user``), on ``lab.url``."""
+    page.goto(f"{lab.url}/")
+    page.get_by_label("Username").fill("demo")
+    page.get_by_label("Password").fill(lab.demo_password)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Experiments")).to_be_visible()

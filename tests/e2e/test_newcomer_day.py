@@ -28,7 +28,13 @@ import io
 import re
 
 import pytest
-from browser_harness import ceiling_ms, ceiling_s, open_form_field, wait_all_charts_drawn
+from browser_harness import (
+    ceiling_ms,
+    ceiling_s,
+    log_in_as_the_demo_user,
+    open_form_field,
+    wait_all_charts_drawn,
+)
 from lab_processes import LabStack
 from playwright.sync_api import Page, expect
 
@@ -71,14 +77,6 @@ def lab(tmp_path_factory):
         yield stack
     finally:
         stack.close()
-
-
-def _log_in(page: Page, lab) -> None:
-    page.goto(f"{lab.url}/")
-    page.get_by_label("Username").fill("demo")
-    page.get_by_label("Password").fill(lab.demo_password)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Experiments")).to_be_visible()
 
 
 def _configure_with_a_mistake_then_queue(page: Page, lab) -> int:
@@ -225,7 +223,7 @@ def _restart_web_and_stay_logged_in(page: Page, lab) -> None:
 
 def test_a_newcomers_day(lab, guard, screenshots):
     page = guard.new_page()
-    _log_in(page, lab)
+    log_in_as_the_demo_user(page, lab)
     first = _configure_with_a_mistake_then_queue(page, lab)
     screenshots.take(page, "warm-start")
     _watch_warm_start_then_training(page, lab, first)

@@ -143,7 +143,7 @@ def _train_once(dist: DistContext, out_dir: Path, cfg: ExperimentConfig, tag: st
     metrics = updater.stabilizers.begin_step(0, data)
     metrics.update(measure_batch(cfg, policy, updater, data))
     metrics.update(updater.update(data, 0, lr=1e-3, entropy_coef=0.01))
-    updater.stabilizers.end_step(0)
+    metrics.update(updater.stabilizers.end_step(0))
     state = {k: v.detach().float().clone() for k, v in full_state_dict(policy, dist).items()}
     # The weights the optimiser steps: bf16 parameters' fp32 masters in one process,
     # the fp32 shards themselves under FSDP.
@@ -257,6 +257,39 @@ def test_fsdp_shards_an_imported_hugging_face_model(tmp_path):
     ).model
     one, _ = _run_pair(tmp_path, CASES["grpo"], "fsdp", model.model_dump())
     assert one["metrics"][K.POLICY_GRAD_NORM] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize(("strategy", "ep"), [("fsdp", 1), ("ddp", 2), ("fsdp", 2)])
+def test_deepseek_and_gpt_oss_checkpoints_shard_and_split_their_experts(
+    tmp_path, family, strategy, ep
+):
+    """FSDP2 and expert parallelism on imported DeepSeek-V3 (latent attention, sigmoid
+    groups, the correction bias trained by the aux-free stabilizer) and GPT-OSS (sinks,
+    expert biases split with their experts) checkpoints, with R3: two ranks train what
+    one process does, the selection bias included.
+
+    One optimiser step (one minibatch): these checkpoints' random weights put the
+    fixed batch's importance ratios far from 1 (k3 to the rollout 2.3), so after the
+    first Adam step (parameters within 5.6e-6 of one process's, measured) three more
+    minibatches compound the ulp-level differences past RTOL; one step checks every
+    gradient the sharding touches."""
+    from hf_tiny_checkpoints import save_hf_checkpoint
+
+    folder = tmp_path / "hf"
+    save_hf_checkpoint(family, folder)
+    model = resolve_model_source(
+        ExperimentConfig.model_validate({"model": {"source": str(folder)}})
+    ).model
+    case = {
+        "algorithm": {"name": "grpo", "minibatches": 1},
+        "stabilizers": {"replay": {"mode": "r3"}, "balance": {"aux_free_bias": True}},
+    }
+    one, _ = _run_pair(tmp_path, case, strategy, model.model_dump(), ep=ep)
+    assert one["metrics"][K.POLICY_GRAD_NORM] > 0
+    assert one["metrics"][K.ROUTER_SELECTION_BIAS_SPREAD] > 0
+    assert any(name.endswith("router.selection_bias") for name in one["state"])
 
 
 @pytest.mark.slow

@@ -118,26 +118,47 @@ def test_expert_parallel_layer_equals_single_process(tmp_path, world, case):
 ENGINE_NEW_TOKENS = 12
 
 
-def _engine_setup():
+# GPT-OSS's experts (biases split with their experts, the clamped SwiGLU) and
+# DeepSeek's sigmoid group-limited router with a live selection bias.
+ENGINE_FEATURES = {
+    "plain": {},
+    "gpt_oss_deepseek": {
+        "expert_ffn": {"bias": True, "activation": "clamped_swiglu", "limit": 1.0},
+        "router": {"score": "sigmoid", "n_groups": 4, "topk_groups": 2, "scaling": 2.5},
+        "attention_sinks": True,
+    },
+}
+
+
+def _engine_setup(features: str = "plain"):
     """A tiny MoE policy (same seed on every rank) and per-rank prompt batches of
     different sizes; EOS is the token the untrained policy emits most, so rows
     stop at different steps and ranks finish decoding at different times."""
+    from trainer.config import ModelConfig
     from trainer.config.presets import resolve_preset
     from trainer.model import TransformerLM
 
-    cfg = resolve_preset("moe-grpo").model
+    base = resolve_preset("moe-grpo").model
+    cfg = ModelConfig.model_validate({**base.model_dump(), **ENGINE_FEATURES[features]})
     torch.manual_seed(0)
     model = TransformerLM(cfg, 32)
+    with torch.no_grad():  # biases that matter
+        for name, param in model.named_parameters():
+            if name.endswith((".b_gate", ".b_up", ".b_down", "sinks")):
+                param.normal_(0.0, 0.2)
+        if features != "plain":
+            for layer in model.moe_layers:
+                layer.router.selection_bias.normal_(0.0, 0.05)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 32, (r + 1, 6), generator=gen) for r in range(4)]
     return cfg, model, prompts
 
 
-def _engine_rank(dist: DistContext, out_dir: Path, eos_id: int) -> None:
+def _engine_rank(dist: DistContext, out_dir: Path, eos_id: int, features: str) -> None:
     from trainer.model.expert_parallel import ExpertShard, expert_shards
     from trainer.rollout import RolloutEngine
 
-    cfg, model, prompts = _engine_setup()
+    cfg, model, prompts = _engine_setup(features)
     for block in model.blocks:
         if block.is_moe:
             shard_experts_(block.ffn, dist.rank, dist.world_size)
@@ -155,11 +176,13 @@ def _engine_rank(dist: DistContext, out_dir: Path, eos_id: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
-def test_expert_parallel_rollout_engine_generates_what_one_process_does(tmp_path, world):
+@pytest.mark.parametrize(
+    ("world", "features"), [(2, "plain"), (4, "plain"), (2, "gpt_oss_deepseek")]
+)
+def test_expert_parallel_rollout_engine_generates_what_one_process_does(tmp_path, world, features):
     from trainer.rollout import RolloutEngine
 
-    cfg, model, prompts = _engine_setup()
+    cfg, model, prompts = _engine_setup(features)
     engine = RolloutEngine(cfg, 32, precision="fp32")
     engine.load_weights(model.state_dict())
     # EOS = the first greedy token of rank 0's first row: that row stops at once,
@@ -173,7 +196,7 @@ def test_expert_parallel_rollout_engine_generates_what_one_process_does(tmp_path
         for p in prompts[:world]
     ]
     lengths = {r.tokens.shape[1] for r in reference}
-    run_ranks(_engine_rank, world, tmp_path, eos_id)
+    run_ranks(_engine_rank, world, tmp_path, eos_id, features)
     for rank, ref in enumerate(reference):
         got = torch.load(tmp_path / f"e{rank}.pt")
         assert torch.equal(got["tokens"], ref.tokens)

@@ -126,6 +126,18 @@ def test_expert_stats_per_layer_and_means():
     assert bare[mk.EXPERTS_MAX_VIOLATION] == 0.0
 
 
+def test_expert_load_keys_name_the_models_blocks():
+    """A model with a dense first block (DeepSeek's first_k_dense_replace) logs its two
+    routed blocks as L1 and L2, as the dashboards and the tracking API read them."""
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    layers = [torch.tensor([[[0], [1]]]), torch.tensor([[[1], [1]]])]
+    stats = expert_stats(layers, mask, n_experts=2, layer_ids=[1, 2])
+    assert stats[mk.experts_load(1)] == [0.5, 0.5] and stats[mk.experts_load(2)] == [0.0, 1.0]
+    assert mk.experts_load(0) not in stats
+    with pytest.raises(ValueError, match="layer ids"):
+        expert_stats(layers, mask, n_experts=2, layer_ids=[1])
+
+
 def test_estimator_chi_square_ess_and_sequence_log_ratios_by_hand():
     # rho = pi_old / pi_rollout: sequence 1 has tokens with rho 2 and 1, sequence 2
     # one token with rho 0.5 (the padded slot is masked out).

@@ -247,14 +247,59 @@ def test_generate_records_routing_in_smallest_dtype(tiny_moe_cfg, make_batch):
     assert batch.routing.bytes_per_token_layer == 2.0
 
 
-def test_sample_next_draws_what_multinomial_draws():
+def test_the_race_draws_what_multinomial_draws():
     # The exponential race is torch.multinomial's one-sample algorithm: with the
     # same seed both pick the same tokens and leave the generator in the same state.
     logp = torch.log_softmax(torch.randn(64, 24, generator=torch.Generator().manual_seed(0)), -1)
     ours, ref = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    tokens = sample_next(logp, 1.0, 1.0, ours)
+    tokens = sample_next(logp, 1.0, 1.0, ours, "race")
     assert torch.equal(tokens, torch.multinomial(logp.exp(), 1, generator=ref).squeeze(-1))
     assert torch.equal(ours.get_state(), ref.get_state())
+
+
+def test_inverse_cdf_on_a_hand_case():
+    """cdf (0.1, 0.3, 0.6, 1.0); torch's CPU generator seeded 0 draws u = 0.4963,
+    0.7682, 0.0885, 0.1320: the first token whose cdf exceeds u is 2, 3, 0, 1. With
+    top_p 0.5 the kept tokens are 3 (0.4) and 2 (0.3), sorted, total 0.7: u x 0.7 =
+    0.347, 0.538, 0.062, 0.092 against cdf (0.4, 0.7) picks 3, 2, 3, 3."""
+    logp = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().expand(4, 4)
+    g = torch.Generator().manual_seed(0)
+    assert sample_next(logp, 1.0, 1.0, g).tolist() == [2, 3, 0, 1]
+    assert sample_next(logp, 1.0, 0.5, torch.Generator().manual_seed(0)).tolist() == [3, 2, 3, 3]
+    # one uniform per row: the generator moved exactly as far as torch.rand(4, 1) takes it
+    ref = torch.Generator().manual_seed(0)
+    torch.rand((4, 1), generator=ref)
+    assert torch.equal(g.get_state(), ref.get_state())
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_inverse_cdf_draws_the_race_distribution(top_p):
+    """Both samplers draw from the same (top-p filtered) distribution: a chi-square
+    goodness-of-fit test of 40,000 draws of each against the probabilities, at a
+    significance of 0.001, over a vocabulary with zero-probability tokens (never drawn)."""
+    from scipy.stats import chisquare
+
+    probs = torch.tensor([0.30, 0.0, 0.22, 0.18, 0.12, 0.08, 0.06, 0.04, 0.0], dtype=torch.float64)
+    expected = top_p_filter(probs[None], top_p)[0]
+    expected = expected / expected.sum()
+    logp = probs.float().log().expand(40000, -1)
+    for sampler in ("inverse_cdf", "race"):
+        tokens = sample_next(logp, 1.0, top_p, torch.Generator().manual_seed(3), sampler)
+        counts = torch.bincount(tokens, minlength=probs.numel()).double()
+        assert counts[expected == 0].sum() == 0, sampler
+        kept = expected > 0
+        result = chisquare(counts[kept].numpy(), (expected[kept] * tokens.numel()).numpy())
+        assert result.pvalue > 1e-3, (sampler, result)
+
+
+def test_inverse_cdf_never_draws_a_token_of_zero_probability_at_the_top_of_the_cdf():
+    """u just below 1 times the total may round up to the total in fp32; the draw is
+    clamped below it, so the last token of non-zero probability is drawn, never the
+    zero-probability tail after it."""
+    logp = torch.tensor([[0.5, 0.5, 0.0, 0.0]]).log().expand(4096, 4).contiguous()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        assert int(sample_next(logp, 1.0, 1.0, g).max()) <= 1
 
 
 def test_sample_next_frequencies_follow_the_probabilities():

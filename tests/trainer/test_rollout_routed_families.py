@@ -59,9 +59,11 @@ def test_the_latent_cache_holds_one_latent_row_per_token(family, tmp_path):
     engine.load_weights(model.state_dict())
     prompt = torch.randint(0, cfg.vocab_size, (2, 5))
     engine.generate(prompt, torch.ones_like(prompt, dtype=torch.bool), max_new_tokens=4)
-    keys, values = engine.forward_pass.cache
+    keys, values = engine.forward_pass.cache  # one tensor per layer
     m = cfg.mla
-    assert keys.shape == (cfg.n_layers, 2, 1, 9, m.kv_lora_rank + m.qk_rope_head_dim)
-    assert values.data_ptr() == keys.data_ptr()  # the values are the rows' first r columns
+    assert len(keys) == len(values) == cfg.n_layers
+    assert keys[0].shape == (2, 1, 9, m.kv_lora_rank + m.qk_rope_head_dim)
+    # the values are the rows' first r columns
+    assert all(v.data_ptr() == k.data_ptr() for k, v in zip(keys, values, strict=True))
     per_head = cfg.n_heads * (m.qk_head_dim + m.v_head_dim)
-    assert keys.shape[-1] < per_head  # what expanded keys and values would take
+    assert keys[0].shape[-1] < per_head  # what expanded keys and values would take

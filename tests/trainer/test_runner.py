@@ -104,10 +104,32 @@ ALL_STABILIZERS = [
 ]
 
 
+# The families' features on the builtin model: DeepSeek-V3's latent attention, sigmoid
+# group-limited routing, routed scaling, shared expert and dense first block, with the
+# aux-free bias trained and R3; GPT-OSS's sinks, biases, clamp and a sliding block.
+DEEPSEEK_SHAPED = [
+    "model.mla.enabled=true", "model.mla.q_lora_rank=32", "model.router.score=sigmoid",
+    "model.router.n_groups=4", "model.router.topk_groups=2", "model.router.scaling=2.5",
+    "model.shared_expert_hidden=64", "model.dense_layers=[0]", "model.n_layers=3",
+    "stabilizers.replay.mode=r3", "stabilizers.balance.aux_free_bias=true",
+]  # fmt: skip
+GPT_OSS_SHAPED = [
+    "model.attention_sinks=true", "model.attention_bias=qkvo", "model.router.bias=true",
+    "model.expert_ffn.bias=true", "model.expert_ffn.activation=clamped_swiglu",
+    "model.sliding_window=8", "model.sliding_layers=[0]", "stabilizers.replay.mode=r3",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "preset, extra",
-    [("moe-grpo", []), ("moe-ppo", []), ("moe-grpo", ALL_STABILIZERS)],
-    ids=["moe-grpo", "moe-ppo", "all-stabilizers"],
+    [
+        ("moe-grpo", []),
+        ("moe-ppo", []),
+        ("moe-grpo", ALL_STABILIZERS),
+        pytest.param("moe-grpo", DEEPSEEK_SHAPED, marks=pytest.mark.slow),
+        pytest.param("moe-grpo", GPT_OSS_SHAPED, marks=pytest.mark.slow),
+    ],
+    ids=["moe-grpo", "moe-ppo", "all-stabilizers", "deepseek-shaped", "gpt-oss-shaped"],
 )
 def test_resume_gives_the_same_stream_as_straight(tmp_path, preset, extra):
     cfg = fast_config(preset, extra)
@@ -120,11 +142,16 @@ def test_resume_gives_the_same_stream_as_straight(tmp_path, preset, extra):
     resumed = _comparable(read_metrics(tmp_path / "resumed"))
     assert [r["step"] for r in resumed] == [0, 1, 2, 3]
     assert resumed == straight
-    if extra:  # the stabilizers really ran
+    if extra is ALL_STABILIZERS:  # the stabilizers really ran
         for key in (K.R3_REPLAYED_FRAC, K.LB_AUX_LOSS, K.LB_Z_LOSS, K.LB_ROUTER_KL,
                     K.GRADS_COS_POLICY_AUX, K.TIS_CLIP_FRAC):  # fmt: skip
             assert key in straight[-1], key
         assert straight[-1][K.ROUTER_TEMPERATURE] != 1.0
+    if extra is DEEPSEEK_SHAPED:  # the trained bias logged, dense block 0 logs no load
+        assert straight[-1][K.ROUTER_SELECTION_BIAS_ABS_MEAN] > 0
+        assert straight[-1][K.ROUTER_SELECTION_BIAS_SPREAD] > 0
+        assert K.experts_load(0) not in straight[-1]
+        assert {K.experts_load(1), K.experts_load(2)} <= set(straight[-1])
 
 
 def _cli(*args: str, env=None, **kw) -> subprocess.CompletedProcess:

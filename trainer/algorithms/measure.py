@@ -254,13 +254,18 @@ def expert_stats(
     indices_attr: str = "used_indices",
     utilization_threshold: float = 0.5,
     sum_ranks: SumRanks | None = None,
+    layer_ids: Sequence[int] | None = None,
 ) -> dict[str, float | list[float]]:
     """Expert metrics for one forward, one entry per MoE layer in ``routings``.
 
     Each entry is a ``LayerRouting``-like object (``.probs (B, T, E)`` and the
     indices named by ``indices_attr``, by default ``used_indices``: the experts
     the layer actually ran) or a bare ``(B, T, k)`` index tensor (then no router
-    entropy). Returns ``experts/load/L{i}`` (list of E shares per layer) and
+    entropy). ``layer_ids``: each entry's block index in the model (the MoE blocks
+    of a model with dense ones, e.g. DeepSeek's first_k_dense_replace; None = 0, 1,
+    ...), so ``experts/load/L{i}`` names the model's layer i as the dashboards, the
+    tracking API and TRL's callback do. Returns ``experts/load/L{i}`` (list of E
+    shares per layer) and
     the means over layers of ``experts/utilization``, ``experts/max_violation``
     and, when probabilities are given, ``experts/router_entropy``. ``sum_ranks``
     (``DistContext.sum``) makes every number one over all ranks' tokens (counts and
@@ -268,7 +273,10 @@ def expert_stats(
     """
     out: dict[str, float | list[float]] = {}
     utils, violations, entropies = [], [], []
-    for i, routing in enumerate(routings):
+    ids = list(range(len(routings))) if layer_ids is None else list(layer_ids)
+    if len(ids) != len(routings):
+        raise ValueError(f"{len(routings)} routed layers but {len(ids)} layer ids")
+    for i, routing in zip(ids, routings, strict=True):
         if isinstance(routing, Tensor):
             indices, probs = routing, None
         else:

@@ -371,5 +371,11 @@ class ModelConfig(Section):
         return sum(self.is_moe_block(i) for i in range(self.n_layers))
 
     @property
+    def moe_block_indices(self) -> list[int]:
+        """The blocks with a routed FFN, in order: the model layer of each routing
+        record (expert-load keys ``experts/load/L{i}`` name these)."""
+        return [i for i in range(self.n_layers) if self.is_moe_block(i)]
+
+    @property
     def resolved_dense_hidden(self) -> int:
         return self.dense_hidden or self.top_k * self.expert_hidden

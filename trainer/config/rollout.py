@@ -27,16 +27,27 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(16, ge=1, le=8192, description="Longest sampled response.")
     temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling mass; 1 = off.")
+    sampler: Literal["inverse_cdf", "race"] = Field(
+        "inverse_cdf",
+        description="How a token is drawn from the (temperature, top-p) distribution: "
+        "inverse_cdf, one uniform per row searched in the cumulative probabilities; race, "
+        "the exponential race (torch.multinomial's algorithm, B x V draws per step). Same "
+        "distribution, other tokens for the same seed: the studies run before inverse_cdf "
+        "keep race (trainer/rollout/sampling.py).",
+    )
     kv_cache: bool = Field(True, description="Decode with a KV cache (off = full recompute).")
-    decode: Literal["eager", "compiled"] = Field(
-        "eager",
+    decode: Literal["auto", "eager", "compiled"] = Field(
+        "auto",
         description="eager: the engine's decode step as written. compiled: a fixed-shape "
-        "step (attention over the whole KV cache, the mask doing the work; "
-        "trainer/rollout/static_decode.py) under torch.compile, one graph for every token: "
-        "captured as a CUDA graph on CUDA (mode reduce-overhead), inductor's C++ code on "
-        "the CPU. Compiling costs tens of seconds once per process; an engine that "
-        "stores fp32 runs its experts on the padded backend (grouped_mm compiles for "
-        "bf16 only). Needs kv_cache; not with fp8 rollouts or expert parallelism.",
+        "step (attention over a power-of-two bucket of the KV cache, the mask doing the "
+        "work; trainer/rollout/static_decode.py) under torch.compile, one graph per "
+        "bucket: captured as a CUDA graph on CUDA (mode reduce-overhead), inductor's C++ "
+        "code on the CPU. Compiling costs tens of seconds per bucket once per process; "
+        "an engine that stores fp32 runs its experts on the padded backend (grouped_mm "
+        "compiles for bf16 only). Needs kv_cache; not with fp8 rollouts or expert "
+        "parallelism. auto: compiled on CUDA for runs of at least 10,000 decode steps "
+        "(run.steps x max_new_tokens) where it can run, eager otherwise; summary.json "
+        "records the choice and why.",
     )
     router_noise: float = Field(
         0.0,

@@ -36,7 +36,13 @@ from trainer.rollout.sampling import (
     sampling_stream,
     scaled_logprobs,
 )
-from trainer.rollout.static_decode import compiled_decode, compiled_moe_backend, zero_cache
+from trainer.rollout.static_decode import (
+    bucket_for,
+    compiled_decode,
+    compiled_moe_backend,
+    decode_buckets,
+    zero_cache,
+)
 from trainer.rollout.weights import EngineLayer, EngineWeights
 
 
@@ -78,6 +84,7 @@ class RolloutEngine:
         stop_check_every: int = 8,
         fp8_gemm: str = "auto",
         decode: str = "eager",
+        sampler: str = "inverse_cdf",
     ):
         if stop_check_every < 1:
             raise ValueError(f"stop_check_every must be >= 1, not {stop_check_every}")
@@ -94,6 +101,8 @@ class RolloutEngine:
         # rollout.decode: "compiled" decodes with the fixed-shape step under
         # torch.compile (trainer.rollout.static_decode), built at the first rollout.
         self.decode = decode
+        # rollout.sampler: inverse_cdf or the exponential race (trainer.rollout.sampling)
+        self.sampler = sampler
         self._compiled_step = None
         if decode == "compiled":
             moe_backend = compiled_moe_backend(moe_backend, self.num.dtype)
@@ -261,7 +270,7 @@ class RolloutEngine:
             if self.weights.pos_emb is None:
                 self.forward_pass.rope_table(total)
             if compiled:
-                zero_cache(self)  # whole-width attention reads every column: finite
+                zero_cache(self)  # a bucket's attention reads all its columns: finite
                 if self._compiled_step is None:
                     self._compiled_step = compiled_decode(self, _compile_mode(self.device))
 
@@ -291,12 +300,14 @@ class RolloutEngine:
         # a fresh torch.tensor([col]) per token would be a host-to-device copy
         # (a sync on CUDA) and a new input for the captured graph each time.
         col_t = torch.full((1,), p, dtype=torch.long, device=self.device) if compiled else None
+        # The compiled step attends over a bucket of the cache, not all of it.
+        buckets = decode_buckets(total) if compiled else []
         for step in range(max_new_tokens):
             col = p + step
             if stream is not None and stop_ids is not None and step % self.stop_check_every == 0:
                 stream_state, stream_from = stream.get_state(), step
             logp = scaled_logprobs(next_logits, temperature)
-            nxt = sample_next(logp, temperature, top_p, stream)
+            nxt = sample_next(logp, temperature, top_p, stream, self.sampler)
             if stop_ids is None:  # no row ever stops: every row is alive
                 alive = None
                 tokens[:, col] = nxt
@@ -317,9 +328,14 @@ class RolloutEngine:
                 break
             # Feed the sampled token (the next position id = real tokens before it).
             if use_kv_cache:
-                if compiled:  # the fixed-shape step: the whole cache, the column as data
+                if compiled:  # the fixed-shape step: a bucket of the cache, the column as data
                     next_logits = self._compiled_step(
-                        tokens[:, col], n_real, col_t, key_bias, routing
+                        tokens[:, col],
+                        n_real,
+                        col_t,
+                        key_bias,
+                        routing,
+                        bucket_for(col + 1, buckets),
                     )
                     col_t += 1
                 else:
@@ -350,7 +366,9 @@ class RolloutEngine:
             if routing is not None:
                 routing[:, :, p + stop :] = 0  # columns fed only after the stop
             if stream is not None:
-                replay_draws(stream, stream_state, stop + 1 - stream_from, next_logits)
+                replay_draws(
+                    stream, stream_state, stop + 1 - stream_from, next_logits, self.sampler
+                )
         return tokens, mask, logprobs, routing, end
 
     def _group_stop_step(self, local_stop: int) -> int:

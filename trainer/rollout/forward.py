@@ -75,30 +75,37 @@ class EngineForward:
             self.rotary_dim, cfg.rope_theta, cfg.rope_scaling
         )
         self.inv_freq = inv_freq.to(self.device)
-        # Kept between calls: (keys, values) cache buffers and the (S, 2, hd) rotary
-        # table (static_decode marks them static).
-        self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Kept between calls: (keys, values) cache buffers, one tensor per layer each,
+        # the (S, 2, hd) rotary table (static_decode marks them static).
+        self.cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.rope: torch.Tensor | None = None
 
     def static_cache(self, batch: int, length: int):
-        """Preallocated (L, B, Hkv, S, hd) key and value buffers, reused across calls.
+        """Preallocated key and value buffers, one (B, Hkv, S, hd) tensor per layer
+        each, reused across calls.
 
-        Latent attention caches one (L, B, 1, S, r + d_r) buffer of latent rows; its
-        values are a view of the rows' first r columns (``trainer.rollout.mla``)."""
+        Latent attention caches one (B, 1, S, r + d_r) buffer of latent rows per
+        layer; its values are a view of the rows' first r columns
+        (``trainer.rollout.mla``). One tensor per layer, not one (L, ...) stack: a
+        compiled step writes layer i's column in place (``index_copy_``), and
+        inductor turns an in-place write into a view of a graph input into a copy
+        of the whole input and a copy back (its generated code for the stacked
+        cache copied the whole cache every step); a write into a whole input it
+        keeps in place, as transformers' StaticCache (one tensor per layer) relies on."""
         if self.cfg.mla.enabled:
-            shape = latent_cache_shape(self.cfg, batch, length)
+            shape = latent_cache_shape(self.cfg, batch, length)[1:]
         else:
-            shape = (self.cfg.n_layers, batch, self.n_kv_heads, length, self.head_dim)
-        if (
-            self.cache is None
-            or self.cache[0].shape[:2] != shape[:2]
-            or (self.cache[0].shape[3] < length)
-        ):
-            keys = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+            shape = (batch, self.n_kv_heads, length, self.head_dim)
+        cache = self.cache
+        if cache is None or cache[0][0].shape[0] != batch or cache[0][0].shape[2] < length:
+            keys = [
+                torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                for _ in range(self.cfg.n_layers)
+            ]
             if self.cfg.mla.enabled:
-                values = keys[..., : self.cfg.mla.kv_lora_rank]
+                values = [k[..., : self.cfg.mla.kv_lora_rank] for k in keys]
             else:
-                values = torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                values = [torch.empty_like(k) for k in keys]
             self.cache = (keys, values)
         return self.cache
 
@@ -177,8 +184,8 @@ class EngineForward:
         keys = rows
         if cache is not None:
             end = cache_start + rows.shape[2]
-            cache[0][i, :, :, cache_start:end] = rows
-            keys = cache[0][i, :, :, :end]
+            cache[0][i][:, :, cache_start:end] = rows
+            keys = cache[0][i][:, :, :end]
         values = keys[..., : self.cfg.mla.kv_lora_rank]
         # Multi-query attention over the latent: one key/value head for the H queries.
         attended = F.scaled_dot_product_attention(
@@ -236,9 +243,9 @@ class EngineForward:
                     q, k = num.round_(apply_rotary(q, *rope)), num.round_(apply_rotary(k, *rope))
                 if cache is not None:
                     end = cache_start + t
-                    cache[0][i, :, :, cache_start:end] = k
-                    cache[1][i, :, :, cache_start:end] = v
-                    k, v = cache[0][i, :, :, :end], cache[1][i, :, :, :end]
+                    cache[0][i][:, :, cache_start:end] = k
+                    cache[1][i][:, :, cache_start:end] = v
+                    k, v = cache[0][i][:, :, :end], cache[1][i][:, :, :end]
                 k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)
                 y = num.round_(_attention(q, k, v, mask_i, layer.sinks))
                 y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
@@ -306,8 +313,8 @@ class EngineForward:
         for the natural top-k, or None. Returns fp32 logits (B, V).
 
         The cache is read up to column ``col`` (a slice that grows per token);
-        ``trainer.rollout.static_decode`` runs the same loop over the whole
-        cache width for a compiler or a CUDA graph.
+        ``trainer.rollout.static_decode`` runs the same loop over a fixed-width
+        bucket of the cache for a compiler or a CUDA graph.
         """
         keys, values = self.cache
         end = col + 1
@@ -318,10 +325,10 @@ class EngineForward:
             slide_bias[..., : max(0, end - self.cfg.sliding_window)] = float("-inf")
 
         def kv(i: int, k: torch.Tensor, v: torch.Tensor):
-            keys[i, :, :, col] = k
-            values[i, :, :, col] = v
+            keys[i][:, :, col] = k
+            values[i][:, :, col] = v
             bias = slide_bias if self.cfg.uses_sliding_window(i) else key_bias
-            return keys[i, :, :, :end], values[i, :, :, :end], bias
+            return keys[i][:, :, :end], values[i][:, :, :end], bias
 
         def store_routing(moe_i: int, top: torch.Tensor) -> None:
             routing_out[moe_i] = top

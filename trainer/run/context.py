@@ -43,6 +43,7 @@ from trainer.run.checkpoint import (
     save_checkpoint,
     save_sharded,
 )
+from trainer.run.device_record import decode_choice
 from trainer.run.evaluation import greedy_accuracy
 from trainer.run.update import PolicyUpdater
 from trainer.run.warmstart import missed_target, train_base_policy
@@ -282,7 +283,8 @@ def build_context(
             vocab_size,
             precision=cfg.rollout.precision,
             device=device,
-            decode=cfg.rollout.decode,
+            decode=decode_choice(cfg, device)[0],
+            sampler=cfg.rollout.sampler,
             router_noise=build_router_noise(cfg, device, generators),
         ),
         # Builds the run's Stabilizers too (after the reference copy: noisy gating adds

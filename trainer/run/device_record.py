@@ -17,7 +17,7 @@ from trainer.devices.capability import capability_label, device_capability, has_
 from trainer.devices.dtypes import DTYPES
 from trainer.model.dispatch import choose_backend
 from trainer.rollout.fp8 import choose_fp8_plan
-from trainer.rollout.static_decode import compiled_moe_backend
+from trainer.rollout.static_decode import choose_decode, compiled_moe_backend
 
 
 def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: torch.dtype):
@@ -35,12 +35,13 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
         "tf32": cfg.run.tf32,
         "timings": "synchronised at phase boundaries" if device.type == "cuda" else "eager",
         # the decode step: eager, or compiled (a CUDA graph on CUDA; trainer.rollout.static_decode)
-        "decode": cfg.rollout.decode,
+        "decode": decode_choice(cfg, device)[0],
+        "decode_reason": decode_choice(cfg, device)[1],
     }
     if cfg.model.n_experts:
         train_dtype = DTYPES[cfg.optim.param_dtype]
         requested = "auto"
-        if cfg.rollout.decode == "compiled":  # the engine's own choice
+        if decode_choice(cfg, device)[0] == "compiled":  # the engine's own choice
             requested = compiled_moe_backend(requested, engine_dtype)
         rollout = choose_backend(requested, device.type, engine_dtype, capability)
         record["moe_backend"] = {
@@ -63,3 +64,15 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
                 else choose_backend("auto", device.type, torch.float32, capability)
             )
     return record
+
+
+def decode_choice(cfg: ExperimentConfig, device: torch.device) -> tuple[str, str]:
+    """The run's decode step (``rollout.decode``, ``auto`` resolved) and why."""
+    return choose_decode(
+        cfg.rollout.decode,
+        device.type,
+        cfg.run.steps * cfg.rollout.max_new_tokens,
+        cfg.rollout.precision,
+        cfg.rollout.kv_cache,
+        cfg.parallel.expert_parallel,
+    )

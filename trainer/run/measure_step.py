@@ -105,6 +105,7 @@ def measure_batch(
                 data.attention_mask,
                 cfg.model.n_experts,
                 sum_ranks=dist.sum if dist.enabled else None,
+                layer_ids=cfg.model.moe_block_indices,
             )
         )
         metrics[K.ROUTER_TEMPERATURE] = float(policy.moe_layers[0].router.temperature)

@@ -380,7 +380,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
     lr = lr_at(step, cfg.run.steps, cfg.optim)
     entropy_coef = entropy_coef_at(step, cfg.run.steps, cfg.optim)
     metrics.update(ctx.updater.update(data, step, lr=lr, entropy_coef=entropy_coef))
-    stabilizers.end_step(step)
+    metrics.update(stabilizers.end_step(step))
     t_train = phase_clock(device)
 
     # Sums and counts over every rank's samples (a rank's mean weighs its rows).
@@ -408,6 +408,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
             K.TIME_MISMATCH_S: t_measure - t_rollout,
             K.TIME_TRAIN_S: t_train - t_measure,
             K.TIME_STEP_S: t_train - t0,
+            K.TIME_WALL: time.time(),  # the wall-clock axis of the run's charts
             K.THROUGHPUT_TOKENS_PER_S: n_response_tokens / max(t_rollout - t0, 1e-9),
         }
     )

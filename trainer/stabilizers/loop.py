@@ -280,10 +280,12 @@ class Stabilizers:
 
     # ------------------------------------------------------------------ controllers
     @torch.no_grad()
-    def end_step(self, step: int) -> None:
-        """After the update: the controllers act on the step's observed routing.
+    def end_step(self, step: int) -> dict[str, float]:
+        """After the update: the controllers act on the step's observed routing; returns
+        the selection bias's metrics (``selection_bias_metrics``).
 
-        * aux-free bias (DeepSeek-V3): ``bias += u * sign(mean load - load)`` per layer,
+        * aux-free bias (Wang et al. 2024, arXiv 2408.15664; DeepSeek-V3):
+          ``bias += u * sign(mean load - load)`` per layer,
           on the routers' ``selection_bias`` buffer (selection only; the rollout
           engine gets it with the next weight sync);
         * router anchor: record this step's router marginals (after this step's
@@ -294,7 +296,7 @@ class Stabilizers:
         """
         loads, self._loads = self._loads, None
         if loads is None:
-            return
+            return {}
         if self.st.balance.aux_free_bias:
             for layer, load in zip(self.policy.moe_layers, loads, strict=True):
                 bias = layer.router.selection_bias
@@ -304,6 +306,21 @@ class Stabilizers:
             self._probs = self._probs_mask = None
         if self.st.router_temperature.enabled:
             self.policy.set_router_temperature(self.temperature.update(step + 1, loads))
+        return self.selection_bias_metrics()
+
+    def selection_bias_metrics(self) -> dict[str, float]:
+        """``router/selection_bias_*`` of the routers' biases now: logged while the
+        aux-free stabilizer trains them or the model carries one (a DeepSeek-V3
+        checkpoint's correction bias); nothing for a model that has none."""
+        biases = [layer.router.selection_bias.float() for layer in self.policy.moe_layers]
+        if not biases or not (self.st.balance.aux_free_bias or any(b.any() for b in biases)):
+            return {}
+        stacked = torch.stack(biases)  # (L_moe, E); identical on every rank
+        spread = stacked.max(dim=-1).values - stacked.min(dim=-1).values
+        return {
+            K.ROUTER_SELECTION_BIAS_ABS_MEAN: float(stacked.abs().mean()),
+            K.ROUTER_SELECTION_BIAS_SPREAD: float(spread.mean()),
+        }
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:

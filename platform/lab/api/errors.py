@@ -15,8 +15,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from lab.api.middleware import database_unreachable, unavailable_response
 from lab.experiments.rights import NotAllowed
-from lab.runs.lifecycle import InvalidState
+from lab.runs.lifecycle import IdempotencyConflict, InvalidState
 from trainer.errors import FieldError
 
 logger = logging.getLogger("lab.api")
@@ -55,10 +56,18 @@ def json_exception_handler(exc, context):
         return error_response({"__all__": [str(exc)]}, status.HTTP_403_FORBIDDEN, str(exc))
     if isinstance(exc, InvalidState):
         return error_response({"__all__": [str(exc)]}, status.HTTP_409_CONFLICT, str(exc))
+    if isinstance(exc, IdempotencyConflict):
+        return error_response(
+            {"Idempotency-Key": [str(exc)]}, status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
+    if database_unreachable(exc):  # a restart or failover: clients retry, no traceback
+        request = context.get("request")
+        logger.warning("database unreachable: %s", exc)
+        return unavailable_response(request.path if request is not None else "/api/")
     response = exception_handler(exc, context)
     if response is None:
         # Not an API error: Django answers 500. Logged here with the view and the

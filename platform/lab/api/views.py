@@ -6,7 +6,6 @@ model per endpoint's query below.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any
 
@@ -39,10 +38,10 @@ from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
 from lab.runs.queue_order import in_queue_order
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
+from trainer.metric_keys import METRIC_NAME
 
-# MLflow's metric-name alphabet (spaces and colons too: TRL's "profiling/Time taken: ..."),
-# up to the metric store's 200-character key.
-METRIC_KEY = re.compile(r"^[A-Za-z0-9_./: -]{1,200}$")
+# the metric store's names (trainer/metric_keys.py METRIC_NAME)
+METRIC_KEY = re.compile(rf"^{METRIC_NAME.pattern}$")
 MAX_METRIC_KEYS = 64
 DEFAULT_MAX_POINTS = 1000  # per key, when the client does not say
 
@@ -203,17 +202,6 @@ class RunList(generics.ListAPIView):
         data = _valid(s.RunCreateSerializer, request.data)
         data["overrides"] = with_assets(data.pop("model", None), data.pop("dataset", None), data)
         key = lifecycle.check_idempotency_key(request.headers.get("Idempotency-Key"))
-        if (earlier := lifecycle.submitted_with_key(request.user, key)) is not None:
-            if not _same_submission(earlier, data):
-                detail = (
-                    f"Idempotency-Key {key!r} was used for run {earlier.pk} with a different "
-                    "request; send a new key for a new run"
-                )
-                return Response(
-                    {"detail": detail, "errors": {"Idempotency-Key": [detail]}},
-                    status=status.HTTP_422_UNPROCESSABLE_ENTITY,
-                )
-            return Response(s.RunSerializer(earlier).data, status=status.HTTP_200_OK)
         try:
             run = lifecycle.submit_run(
                 owner=request.user, idempotency_key=key, raise_on_publish_failure=True, **data
@@ -229,27 +217,9 @@ class RunList(generics.ListAPIView):
             return Response(
                 body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "30"}
             )
-        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
-
-
-def _same_submission(earlier: Run, data: dict[str, Any]) -> bool:
-    """Whether a request with an Idempotency-Key already used asks for the run that
-    key stored: the same experiment, resolved config, queue and priority (a retry
-    of the same request always does; another request under the key does not)."""
-    experiment = data["experiment"]
-    cfg = resolve_config(
-        data.get("config"),
-        data.get("preset"),
-        data.get("overrides"),
-        base=experiment.base_config or None,
-    )
-    config = json.loads(json.dumps(cfg.to_dict()))  # as the JSON field stores it
-    return (
-        earlier.experiment_id == experiment.pk
-        and earlier.config == config
-        and earlier.queue == lifecycle.check_queue(data.get("queue"))
-        and earlier.priority == lifecycle.check_priority(data.get("priority"))
-    )
+        # A retry (the key's run, asking for the same): 200; a new run: 201.
+        code = status.HTTP_200_OK if lifecycle.is_replay(run) else status.HTTP_201_CREATED
+        return Response(s.RunSerializer(run).data, status=code)
 
 
 class RunDetail(generics.RetrieveDestroyAPIView):
@@ -336,7 +306,19 @@ class RunComments(generics.ListAPIView):
 
 
 class SweepCreate(APIView):
-    @extend_schema(request=s.SweepCreateSerializer, responses=dict)
+    @extend_schema(
+        request=s.SweepCreateSerializer,
+        responses=dict,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="a retry with the same key returns the same sweep (200); "
+                "another request under the key is a 422",
+            )
+        ],
+    )
     def post(self, request):
         data = _valid(s.SweepCreateSerializer, request.data)
         experiment = data["experiment"]
@@ -357,8 +339,10 @@ class SweepCreate(APIView):
             queue=data.get("queue"),
             name=data.get("name", ""),
             priority=data.get("priority"),
+            idempotency_key=request.headers.get("Idempotency-Key") or "",
         )
-        return Response(s.SweepSerializer(sweep).data, status=status.HTTP_201_CREATED)
+        code = status.HTTP_200_OK if lifecycle.is_replay(sweep) else status.HTTP_201_CREATED
+        return Response(s.SweepSerializer(sweep).data, status=code)
 
 
 class SweepAction(APIView):

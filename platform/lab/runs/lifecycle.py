@@ -8,6 +8,8 @@ jobs/services.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,45 @@ def submitted_with_key(owner, key: str) -> Run | None:
     if not key:
         return None
     return Run.objects.filter(owner=owner, idempotency_key=key).first()
+
+
+class IdempotencyConflict(Exception):
+    """An Idempotency-Key already stored something else (the API answers 422)."""
+
+    def __init__(self, key: str, what: str):
+        self.key, self.what = key, what
+        super().__init__(
+            f"Idempotency-Key {key!r} was used for {what} with a different request; "
+            "send a new key for a new one"
+        )
+
+
+def request_fingerprint(**fields: Any) -> str:
+    """One string for what a request asks to store (its resolved config, experiment,
+    queue, priority, ...), spelling-independent: the same request retried has the
+    same fingerprint, another request under the same key does not."""
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_fingerprint(run: Run) -> str:
+    """The fingerprint of the request that stored ``run`` (from what it stored)."""
+    return request_fingerprint(
+        experiment=run.experiment_id, config=run.config, queue=run.queue, priority=run.priority
+    )
+
+
+def _same_run_or_conflict(earlier: Run, fingerprint: str, key: str) -> Run:
+    if run_fingerprint(earlier) != fingerprint:
+        raise IdempotencyConflict(key, f"run {earlier.pk}")
+    earlier._idempotent_replay = True  # type: ignore[attr-defined]
+    return earlier
+
+
+def is_replay(stored: Any) -> bool:
+    """Whether ``submit_run`` / ``create_sweep`` returned what an earlier request with
+    the same Idempotency-Key stored (a retry), not something it created."""
+    return bool(getattr(stored, "_idempotent_replay", False))
 
 
 def run_dir_for(run: Run) -> Path:
@@ -150,7 +191,8 @@ def submit_run(
     is stored unless every check passes (NotAllowed, FieldError).
 
     With an ``idempotency_key`` the owner already used, the run stored then is
-    returned and nothing new is created (also when two retries race)."""
+    returned and nothing new is created (also when two retries race), if this
+    request asks for the same run; ``IdempotencyConflict`` if it asks for another."""
     check_can_queue(owner, experiment)
     queue = check_queue(queue)
     priority = check_priority(priority)
@@ -158,8 +200,17 @@ def submit_run(
     variant = clean_text("variant", variant, max_length=200)
     idempotency_key = check_idempotency_key(idempotency_key)
     cfg = resolve_config(config, preset, overrides, base=experiment.base_config or None)
+    # One key, one request, one run: the database's unique (owner, key) decides which of
+    # two racing requests stores its run; the other gets that run only if it asked for
+    # the same thing (IdempotencyConflict otherwise), never the other request's run.
+    fingerprint = request_fingerprint(
+        experiment=experiment.pk,
+        config=json.loads(json.dumps(cfg.to_dict())),  # as the JSON field stores it
+        queue=queue,
+        priority=priority,
+    )
     if (earlier := submitted_with_key(owner, idempotency_key)) is not None:
-        return earlier
+        return _same_run_or_conflict(earlier, fingerprint, idempotency_key)
     check_new_runs(owner, [cfg])
     try:
         return create_run(
@@ -177,7 +228,7 @@ def submit_run(
         earlier = submitted_with_key(owner, idempotency_key)
         if earlier is None:
             raise
-        return earlier  # a concurrent retry with the same key created it first
+        return _same_run_or_conflict(earlier, fingerprint, idempotency_key)
 
 
 @transaction.atomic

@@ -10,12 +10,19 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from lab.configs import check_reward_function, resolve_config, strip_config_path
 from lab.experiments.models import Experiment, Sweep
 from lab.experiments.rights import check_can_queue, check_priority_allowed
-from lab.runs.lifecycle import check_priority, check_queue, create_run
+from lab.runs.lifecycle import (
+    IdempotencyConflict,
+    check_idempotency_key,
+    check_priority,
+    check_queue,
+    create_run,
+    request_fingerprint,
+)
 from lab.runs.limits import check_new_runs, check_sweep_size
 from lab.text import clean_text
 from trainer.config import ExperimentConfig
@@ -82,7 +89,6 @@ def preview_sweep(
     return runs
 
 
-@transaction.atomic
 def create_sweep(
     *,
     owner,
@@ -93,36 +99,70 @@ def create_sweep(
     queue: str | None = None,
     name: str = "",
     priority: int | None = None,
+    idempotency_key: str = "",
 ) -> Sweep:
     """Validate every combination first; store the sweep and its runs only if all pass.
-    Every run queues at ``priority`` (the default when None)."""
+    Every run queues at ``priority`` (the default when None).
+
+    With an ``idempotency_key`` the owner already used, the sweep stored then is
+    returned if this request asks for the same sweep (``lifecycle.is_replay``), an
+    ``IdempotencyConflict`` if not; the database's unique (owner, key) decides
+    between racing requests, so one key stores one sweep."""
     check_can_queue(owner, experiment)
     queue = check_queue(queue)
     priority = check_priority(priority)
     check_priority_allowed(owner, priority)
     name = clean_text("name", name, max_length=200)
+    key = check_idempotency_key(idempotency_key)
     planned = preview_sweep(base_config, grid, seeds)
-    check_new_runs(owner, [cfg for _, cfg in planned])
-    sweep = Sweep.objects.create(
-        experiment=experiment,
-        owner=owner,
-        name=name,
-        base_config=dict(base_config),
-        grid=dict(grid),
+    fingerprint = request_fingerprint(
+        experiment=experiment.pk,
+        base_config=base_config,
+        grid=grid,
         seeds=list(seeds),
         queue=queue,
+        name=name,
+        priority=priority,
     )
-    for label, cfg in planned:
-        create_run(
-            owner=owner,
-            experiment=experiment,
-            config=cfg,
-            queue=queue,
-            priority=priority,
-            variant=label,
-            sweep=sweep,
-        )
+    if key and (earlier := Sweep.objects.filter(owner=owner, idempotency_key=key).first()):
+        return _same_sweep_or_conflict(earlier, fingerprint, key)
+    check_new_runs(owner, [cfg for _, cfg in planned])
+    try:
+        with transaction.atomic():
+            sweep = Sweep.objects.create(
+                experiment=experiment,
+                owner=owner,
+                name=name,
+                base_config=dict(base_config),
+                grid=dict(grid),
+                seeds=list(seeds),
+                queue=queue,
+                idempotency_key=key,
+                request_fingerprint=fingerprint if key else "",
+            )
+            for label, cfg in planned:
+                create_run(
+                    owner=owner,
+                    experiment=experiment,
+                    config=cfg,
+                    queue=queue,
+                    priority=priority,
+                    variant=label,
+                    sweep=sweep,
+                )
+    except IntegrityError:
+        earlier = Sweep.objects.filter(owner=owner, idempotency_key=key).first() if key else None
+        if earlier is None:
+            raise
+        return _same_sweep_or_conflict(earlier, fingerprint, key)
     return sweep
+
+
+def _same_sweep_or_conflict(earlier: Sweep, fingerprint: str, key: str) -> Sweep:
+    if earlier.request_fingerprint != fingerprint:
+        raise IdempotencyConflict(key, f"sweep {earlier.pk}")
+    earlier._idempotent_replay = True  # type: ignore[attr-defined]
+    return earlier
 
 
 @transaction.atomic
