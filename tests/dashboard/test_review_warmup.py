@@ -31,9 +31,12 @@ def test_switched_off_it_imports_nothing(monkeypatch):
     assert imported == [] and warmup._started.is_set()
 
 
-def test_the_web_app_listens_for_the_first_request():
+def test_the_web_app_listens_for_the_first_request(monkeypatch):
     from django.core.signals import request_started
 
+    monkeypatch.setattr(warmup, "_started", threading.Event())
+    warmup.connect()  # what WebConfig.ready does
     listening = request_started._live_receivers(None)
     listening = listening[0] if isinstance(listening, tuple) else listening  # sync, async
-    assert warmup.on_first_request in listening or warmup._started.is_set()
+    assert warmup.on_first_request in listening
+    request_started.disconnect(warmup.on_first_request)
