@@ -73,6 +73,9 @@ LAB_TO_MLFLOW_STATUS = {
     RunStatus.SUCCEEDED: "FINISHED",
     RunStatus.FAILED: "FAILED",
     RunStatus.CANCELLED: "KILLED",
+    # MLflow has no such state: a lost run has not ended, and its client may still
+    # log (which makes it running again). The lab's pages say "lost".
+    RunStatus.LOST: "RUNNING",
 }
 
 
@@ -237,6 +240,7 @@ def create_run(
             origin=RunOrigin.EXTERNAL,
             source=source,
             started_at=timezone.now(),
+            heartbeat_at=timezone.now(),
             total_steps=1,
         )
         if run_name:
@@ -373,6 +377,11 @@ def _locked_for_write(user, run_id: Any) -> tuple[Run, TrackedRun]:
         raise MlflowError(
             PERMISSION_DENIED, f"only the owner of run {run.pk} or staff can write to it"
         )
+    # Every write is a sign of life: the run's last contact, and a run marked lost
+    # (silent past LAB_EXTERNAL_LOST_AFTER_S) that reports again is running again.
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
+    Run.objects.filter(pk=run.pk, status=RunStatus.LOST).update(status=RunStatus.RUNNING, error="")
+    run = Run.objects.get(pk=run.pk)
     tracked = TrackedRun.objects.get(run_id=run.pk)
     return run, tracked
 
