@@ -17,11 +17,13 @@ from dashboard.web.views import (
     assets,
     compare_pages,
     endpoints,
+    external_runs,
     forms,
     legacy,
     queue,
     review,
     run_pages,
+    runs_table,
     stability_page,
     sweep_builder,
     variant_pages,
@@ -47,11 +49,18 @@ urlpatterns = [
     path("runs/<int:run_id>/chart", endpoints.run_chart, name="run_chart"),
     path("runs/<int:run_id>/heatmap", endpoints.run_heatmap, name="run_heatmap"),
     path("runs/<int:run_id>/status", endpoints.run_status, name="run_status"),
+    path("runs/<int:run_id>/distribution", external_runs.run_distribution, name="run_distribution"),
+    path("runs/<int:run_id>/artifacts", external_runs.run_artifact, name="run_artifact"),
+    path("runs/<int:run_id>/models/<str:model_id>", external_runs.run_model, name="run_model"),
     path("verdicts/<int:verdict_id>/withdraw", review.withdraw_verdict, name="withdraw_verdict"),
     # experiments
     path("experiments/", forms.experiment_list, name="experiments"),
     path("experiments/<int:experiment_id>/", variant_pages.experiment_detail, name="experiment"),
     path("experiments/<int:pk>/sharing", forms.experiment_sharing, name="experiment_sharing"),
+    path("experiments/<int:experiment_id>/table", runs_table.runs_table, name="runs_table"),
+    path(
+        "experiments/<int:experiment_id>/parallel", runs_table.runs_parallel, name="runs_parallel"
+    ),
     path("experiments/<int:pk>/runs/new", forms.run_new, name="run_new"),
     path("experiments/<int:pk>/sweeps/new", sweep_builder.sweep_new, name="sweep_new"),
     path(

@@ -211,6 +211,12 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # Largest request body the API and forms accept; bigger ones get a 413 JSON error.
 LAB_MAX_PAYLOAD_BYTES = int(os.environ.get("LAB_MAX_PAYLOAD_BYTES", 256 * 1024))
+# MLflow artifacts (lab/tracking/artifact_store.py): where they are kept ('' = VAR_DIR/artifacts,
+# file:///path, or s3://bucket/prefix with LAB_S3_ENDPOINT_URL for MinIO and the AWS_* credentials),
+# and the largest file one upload may store (an artifact upload is exempt from the payload limit).
+LAB_ARTIFACT_STORE = os.environ.get("LAB_ARTIFACT_STORE", "")
+LAB_S3_ENDPOINT_URL = os.environ.get("LAB_S3_ENDPOINT_URL", "")
+LAB_MAX_ARTIFACT_BYTES = int(os.environ.get("LAB_MAX_ARTIFACT_BYTES", 20 * 1024**3))
 DATA_UPLOAD_MAX_MEMORY_SIZE = LAB_MAX_PAYLOAD_BYTES
 
 # --------------------------------------------------------------------------- REST API
