@@ -405,9 +405,11 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
         raise invalid(f"The run {run.pk} must be in the 'active' state. Current state is deleted.")
     # Every write is a sign of life: the run's last contact, and a run marked lost
     # (silent past LAB_EXTERNAL_LOST_AFTER_S) that reports again is running again.
-    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
-    Run.objects.filter(pk=run.pk, status=RunStatus.LOST).update(status=RunStatus.RUNNING, error="")
-    run = Run.objects.get(pk=run.pk)
+    Run.all_objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
+    Run.all_objects.filter(pk=run.pk, status=RunStatus.LOST).update(
+        status=RunStatus.RUNNING, error=""
+    )
+    run = Run.all_objects.select_related("experiment").get(pk=run.pk)
     tracked = TrackedRun.objects.get(run_id=run.pk)
     return run, tracked
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("experiments", "0005_sweep_idempotency"),
-        ("runs", "0010_bigint_steps"),
+        ("runs", "0011_run_deleted_at"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
