@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from browser_harness import ceiling_ms, ceiling_s, open_form_field
+from browser_harness import CHART_POINTS_JS, ceiling_ms, ceiling_s, open_form_field
 from hf_tiny_checkpoints import save_char_tokenizer, save_hf_checkpoint, word_problem_characters
 from lab_processes import LabStack
 from playwright.sync_api import Page, expect
@@ -155,9 +155,7 @@ def test_a_routed_family_trains_with_r3_from_the_browser_and_exports(
     expect(page.locator("[data-field=model-facts]")).to_contain_text(family)
     for chart in ("chart-mismatch-routing_inconsistency", "chart-experts-max_violation"):
         page.wait_for_function(
-            "([id, n]) => { const el = document.getElementById(id);"
-            " return el && el.data && el.data.some(t => (t.x || []).length >= n); }",
-            arg=[chart, STEPS],
+            f"() => ({CHART_POINTS_JS})(document.getElementById('{chart}')) >= {STEPS}",
             timeout=ceiling_ms(120),
         )
     layers = page.locator("select[data-layer-picker] option").evaluate_all(
@@ -166,8 +164,10 @@ def test_a_routed_family_trains_with_r3_from_the_browser_and_exports(
     assert layers == ROUTED_LAYERS[family]
     if family == "deepseek_v3":  # its correction bias is logged as the selection bias
         expect(page.locator("#chart-router-selection_bias_abs_mean")).to_be_visible()
+    page.locator("#chart-mismatch-routing_inconsistency").scroll_into_view_if_needed()
     screenshots.take(page, f"{family}-run")
 
+    page.get_by_text("Export as a Hugging Face checkpoint").click()  # a folded section
     page.get_by_role("button", name="Export the checkpoint").click()
     row = page.locator("table.exports tr", has_text=str(STEPS))
     lab.wait_for(
