@@ -56,6 +56,18 @@ def variant_of(run: Run) -> str:
     return run.variant or run.preset or f"run {run.pk}"
 
 
+def parents_of(run_ids: Sequence[int]) -> dict[int, int]:
+    """{run id: its parent's id} of the nested runs among ``run_ids`` (MLflow's
+    mlflow.parentRunId, lab/tracking); one query."""
+    from lab.tracking.models import TrackedRun
+
+    return dict(
+        TrackedRun.objects.filter(run_id__in=list(run_ids), parent__isnull=False).values_list(
+            "run_id", "parent_id"
+        )
+    )
+
+
 def runs_in_order(ids: Sequence[int]) -> list[Run]:
     """The runs with these ids, in the order given (unknown ids are skipped); one query."""
     by_id = {
@@ -131,14 +143,14 @@ def collapse_marker(run: Run) -> CollapseMarker | None:
 
 
 def run_outcome(run: Run, last_step: int | None) -> RunOutcome | None:
-    """Collapse step, or censoring at the last stored step (docs/design.md, section 3.6). None for a
-    run with nothing to say yet (no summary and no stored step)."""
+    """Collapse step, or censoring at the steps run: the last stored step + 1 (docs/design.md,
+    section 3.6). None for a run with nothing to say yet (no summary and no stored step)."""
     summary = dict(run.summary or {})
     if summary.get("collapsed") and summary.get("collapse_step") is not None:
         return RunOutcome(
             variant_of(run), int(summary["collapse_step"]), True, run.seed, run_label(run)
         )
-    end = last_step if last_step is not None else summary.get("steps")
+    end = last_step + 1 if last_step is not None else summary.get("steps")
     if end is None:
         return None
     return RunOutcome(variant_of(run), int(end), False, run.seed, run_label(run))
@@ -174,6 +186,9 @@ def run_records(runs: Sequence[Run]) -> list[RunRecord]:
 
 STABILITY_KEYS = [
     mk.MISMATCH_KL_K3,
+    mk.MISMATCH_KL_K1,  # the KL column's fallbacks (dashboard/charts/stability.py)
+    mk.MISMATCH_LOGP_ABS_DIFF,
+    mk.MISMATCH_PROB_ABS_DIFF,
     mk.MISMATCH_ROUTING_INCONSISTENCY,
     mk.MISMATCH_EXTREME_TOKEN_FRAC,
     mk.EVAL_ACCURACY,

@@ -82,8 +82,8 @@ flag and there is no later evidence.)
 
 The moving statistic exists once ``window`` accuracies were seen. A
 non-finite accuracy value (no samples) is skipped. A run that never collapsed
-is censored at its last step: ``collapsed`` stays False and ``collapse_step``
-None; callers must not invent a number for it.
+is censored at its step count (the steps it ran: docs/design.md 3.6): ``collapsed``
+stays False and ``collapse_step`` None; callers must not invent a number for it.
 """
 
 from __future__ import annotations
@@ -163,6 +163,8 @@ class CollapseDetector:
     Read ``collapsed``, ``collapse_step``, ``collapse_reason``; ``revoked``
     lists the (step, reason) of collapses that recovered.
     """
+
+    metric: str = "reward/accuracy"  # the batch accuracy's key, named in the collapse reason
 
     def __init__(self, cfg: CollapseConfig, samples: int = 128, eval_samples: int = 128):
         self.cfg = cfg
@@ -280,7 +282,7 @@ class CollapseDetector:
             if scale.below_count >= self.cfg.patience:
                 start = max(scale.below_since - scale.window // 2, 0)
                 reason = (
-                    f"reward/accuracy {scale.name} ({scale.window} steps) fell below "
+                    f"{self.metric} {scale.name} ({scale.window} steps) fell below "
                     f"{threshold:.4g} = min({self.cfg.drop_fraction:g} x best {scale.best:.4g}, "
                     f"best - noise margin {self.margin(scale=scale):.3g}) for "
                     f"{self.cfg.patience} steps"
@@ -401,15 +403,21 @@ class CollapseDetector:
 
 
 def detect_from_rows(
-    rows: Iterable[dict[str, Any]], cfg: CollapseConfig, samples: int, eval_samples: int
+    rows: Iterable[dict[str, Any]],
+    cfg: CollapseConfig,
+    samples: int,
+    eval_samples: int,
+    metric: str = "reward/accuracy",
 ) -> CollapseDetector:
     """Re-run the detector on a run's metrics.jsonl rows (batch and held-out accuracy).
 
-    Lets a study judge runs written by an older detector with the current rule.
+    Lets a study judge runs written by an older detector with the current rule;
+    ``metric``: the key the accuracy was read from, named in the reason.
     """
     from trainer import metric_keys as K
 
     det = CollapseDetector(cfg, samples, eval_samples)
+    det.metric = metric
     for row in rows:
         step = int(row["step"])
         if row.get(K.EVAL_ACCURACY) is not None:
@@ -427,14 +435,14 @@ LOWER_BOUND_PREFIX = ">= "
 class CollapseSummary:
     """A variant's collapse statistics over its seeds (docs/design.md, "collapse definition": censoring).
 
-    A run that never collapsed is censored at its last step: it counts with
+    A run that never collapsed is censored at its step count: it counts with
     that step, and the mean becomes a lower bound, never an average that
     pretends the survivors collapsed.
     """
 
     runs: int
     collapsed: int
-    mean_step: float | None  # mean over seeds, censored runs at their last step
+    mean_step: float | None  # mean over seeds, censored runs at their step count
     lower_bound: bool  # True when any run is censored: the true mean is >= mean_step
 
     @property

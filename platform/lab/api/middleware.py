@@ -11,6 +11,12 @@ from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 from lab.text import forbidden_character
 
 log = logging.getLogger("lab.api")
+# Artifact uploads stream to the artifact store under their own bound
+# (LAB_MAX_ARTIFACT_BYTES, lab/tracking/artifact_store.py).
+ARTIFACT_UPLOAD_PREFIXES = (
+    "/api/2.0/mlflow-artifacts/artifacts/",
+    "/ajax-api/2.0/mlflow-artifacts/artifacts/",
+)
 
 
 class PayloadLimitMiddleware:
@@ -23,6 +29,8 @@ class PayloadLimitMiddleware:
         except ValueError:
             length = 0
         limit = settings.LAB_MAX_PAYLOAD_BYTES
+        if request.method == "PUT" and request.path.startswith(ARTIFACT_UPLOAD_PREFIXES):
+            return self.get_response(request)
         if length > limit:
             return JsonResponse(
                 {

@@ -36,6 +36,10 @@ class RunStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # An external run that sent nothing for LAB_EXTERNAL_LOST_AFTER_S: its outcome is
+    # unknown (not a seed of the stability review); it is running again if it reports
+    # again, or its owner ends it from its page.
+    LOST = "lost"
 
 
 class RunOrigin(models.TextChoices):
@@ -47,8 +51,20 @@ ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
 FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
+class LiveRunManager(models.Manager):
+    """Runs not deleted: every page, list and review reads these (``Run.objects``)."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(deleted_at__isnull=True)
+
+
 class Run(models.Model):
-    """One training run. Collapse is a result (summary.collapsed), not a status."""
+    """One training run. Collapse is a result (summary.collapsed), not a status.
+
+    ``deleted_at``: an external run deleted through MLflow's ``runs/delete`` is
+    kept (soft delete) until restored (``runs/restore``); ``Run.objects`` (the
+    default manager, also behind ``experiment.runs``) leaves it out everywhere,
+    ``Run.all_objects`` still finds it."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     sweep = models.ForeignKey(
@@ -168,8 +184,18 @@ class Run(models.Model):
         '{"client": "mlflow-python-client/3.1", "framework": "verl", "host": "10.0.0.7", '
         '"source_name": "main_ppo.py"}; empty for a lab run.',
     )
+    deleted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Set when deleted through MLflow's runs/delete (or with its experiment): "
+        "hidden from every page until runs/restore.",
+    )
+
+    objects = LiveRunManager()
+    all_objects = models.Manager()
 
     class Meta:
+        base_manager_name = "all_objects"
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["queue", "status", "-priority", "created_at"]),
