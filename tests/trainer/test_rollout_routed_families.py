@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_tiny_checkpoints import save_hf_checkpoint
+from hf_tiny_checkpoints import import_checkpoint, save_hf_checkpoint
 
 from trainer.algorithms.measure import routing_mismatch
-from trainer.config import ExperimentConfig
-from trainer.hf import build_model, resolve_model_source
 from trainer.rollout import RolloutEngine, prompt_logprobs
 
 pytest.importorskip("transformers")
@@ -24,9 +22,7 @@ BOUNDS = {"bf16": (0.05, 0.1), "fp8": (0.25, 0.3)}  # mean |log-prob diff|, inco
 
 def _imported(tmp_path, family):
     save_hf_checkpoint(family, tmp_path)
-    cfg = ExperimentConfig.model_validate({"model": {"source": str(tmp_path), "max_seq_len": 64}})
-    model_cfg = resolve_model_source(cfg).model
-    return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
+    return import_checkpoint(tmp_path, max_seq_len=64)
 
 
 @pytest.mark.parametrize("family", ROUTED)
