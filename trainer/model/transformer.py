@@ -130,6 +130,12 @@ class TransformerLM(nn.Module):
     def moe_layers(self) -> list[MoELayer]:
         return [block.ffn for block in self.blocks if block.is_moe]
 
+    def set_moe_layer(self, kind: str) -> None:
+        """``run.moe_layer`` for every MoE layer: auto | fused | reference
+        (trainer.model.moe_fused)."""
+        for layer in self.moe_layers:
+            layer.layer_kind = kind
+
     def set_router_temperature(self, temperature: float) -> None:
         for layer in self.moe_layers:
             layer.router.temperature.fill_(temperature)
