@@ -193,10 +193,12 @@ def save_char_tokenizer(folder: Path, characters: str | None = None) -> None:
     """A character-level tokenizer.json (+ tokenizer_config.json) covering the
     lab's task alphabet (or ``characters``), made with the ``tokenizers``
     library: <pad>, <bos>, <eos>, then one token per character (the
-    checkpoint's vocabulary is larger; the extra ids decode to nothing)."""
+    checkpoint's vocabulary is larger; the extra ids decode to nothing). Its
+    post-processor prepends <bos>, as Llama's does: ``tokenizer(prompt)`` starts
+    with BOS in transformers and in the lab alike."""
     import json
 
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     from trainer.tasks.tokenizer import CHARACTERS
 
@@ -206,6 +208,9 @@ def save_char_tokenizer(folder: Path, characters: str | None = None) -> None:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(["<pad>", "<bos>", "<eos>"])  # matched in text, as real tokenizers do
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", 1)]
+    )
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": "<bos>", "eos_token": {"content": "<eos>"}, "pad_token": "<pad>"}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

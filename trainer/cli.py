@@ -386,4 +386,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "run":  # the platform's run form shows them at their fields
             write_field_errors(Path(args.out), exc.errors)
         return BAD_INPUT_EXIT_CODE
+    except OSError as exc:  # a folder that cannot be written or read: say which, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     return 1

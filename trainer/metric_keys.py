@@ -12,6 +12,7 @@ a new metric on the dashboards is one ``MetricSpec`` entry there.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 STEP = "step"
@@ -30,6 +31,11 @@ EVAL_ACCURACY_CLEAN = "eval/accuracy_clean"
 # training-inference mismatch, measured by a training forward on rollout tokens
 MISMATCH_KL_K1 = "mismatch/kl_k1"  # token mean of -log r, r = pi_train / pi_rollout
 MISMATCH_KL_K3 = "mismatch/kl_k3"  # token mean of r - 1 - log r
+# Other frameworks' training-inference mismatch signals (lab/tracking/metric_map.py), not
+# KLs: the mean |log pi_train - log pi_rollout| and |pi_train - pi_rollout| of the sampled
+# tokens (slime, TRL; verl 0.5); the lab's trainer logs the KLs above instead.
+MISMATCH_LOGP_ABS_DIFF = "mismatch/logp_abs_diff"
+MISMATCH_PROB_ABS_DIFF = "mismatch/prob_abs_diff"
 MISMATCH_KL_K3_MAX = "mismatch/kl_k3_max"  # largest per-sequence k3 mean (spikes)
 MISMATCH_EXTREME_TOKEN_FRAC = "mismatch/extreme_token_frac"  # max(r, 1/r) > 2
 MISMATCH_ROUTING_INCONSISTENCY = "mismatch/routing_inconsistency"  # (token, layer) pairs
@@ -108,6 +114,8 @@ TIME_STEP_S = "time/step_s"
 # Seconds to load the policy's weights into the rollout engine this step (part of
 # time/rollout_s), as RL systems that separate training and inference report it.
 TIME_WEIGHT_SYNC_S = "time/weight_sync_s"
+# Wall-clock time the step's metrics were written (unix seconds): the charts' time axes
+TIME_WALL = "time/wall"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 
 # warm start: the supervised phase before step 0, reported in RUN_DIR/progress.json
@@ -140,6 +148,8 @@ SCALAR_KEYS: tuple[str, ...] = (
     EVAL_ACCURACY_CLEAN,
     MISMATCH_KL_K1,
     MISMATCH_KL_K3,
+    MISMATCH_LOGP_ABS_DIFF,
+    MISMATCH_PROB_ABS_DIFF,
     MISMATCH_KL_K3_MAX,
     MISMATCH_EXTREME_TOKEN_FRAC,
     MISMATCH_ROUTING_INCONSISTENCY,
@@ -187,13 +197,29 @@ SCALAR_KEYS: tuple[str, ...] = (
     TIME_TRAIN_S,
     TIME_STEP_S,
     TIME_WEIGHT_SYNC_S,
+    TIME_WALL,
     THROUGHPUT_TOKENS_PER_S,
 )
 
 
+# A distribution imported from a TensorBoard histogram (lab/tracking/tensorboard.py):
+# "dist/" + the tag -> its values at DISTRIBUTION_PERCENTS of its mass (TensorBoard's
+# distribution bands: min, -2, -1.5, -1, -0.5 sigma ... of a normal, max)
+DISTRIBUTION_PREFIX = "dist/"
+DISTRIBUTION_PERCENTS = (0.0, 6.68, 15.87, 30.85, 50.0, 69.15, 84.13, 93.32, 100.0)
+
+
+# The names the metric store reads back (charts, the API): MLflow's metric-name alphabet
+# (letters, digits, _ - . / : and spaces: TRL's "profiling/Time taken: ...") and what
+# TensorBoard tags add ("@": verl's "reward/mean@1"; = + % # ( ) [ ]), up to the store's
+# 200-character key; never a double quote (SQLite reads a key as the JSON path $."key")
+# nor a comma (the API's key lists).
+METRIC_NAME = re.compile(r"[A-Za-z0-9_./: @=+%#()\[\]-]{1,200}")
+
+
 def is_vector_key(key: str) -> bool:
-    """Per-layer expert-load vectors are the only non-scalar metrics."""
-    return key.startswith(EXPERTS_LOAD_PREFIX)
+    """Per-layer expert-load vectors and imported distributions are the non-scalar metrics."""
+    return key.startswith((EXPERTS_LOAD_PREFIX, DISTRIBUTION_PREFIX))
 
 
 # Summary fields (RUN_DIR/summary.json, docs/design.md 3.4)
@@ -321,6 +347,20 @@ _SPECS: tuple[MetricSpec, ...] = (
         scale=KL_SCALE,
     ),
     MetricSpec(MISMATCH_KL_K3_MAX, "largest per-sequence KL (k3)", KL_UNIT, scale=KL_SCALE),
+    MetricSpec(
+        MISMATCH_LOGP_ABS_DIFF,
+        "training-inference |log-prob difference|",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
+    ),
+    MetricSpec(
+        MISMATCH_PROB_ABS_DIFF,
+        "training-inference |probability difference|",
+        KL_UNIT,
+        section=SECTION_MISMATCH,
+        scale=KL_SCALE,
+    ),
     MetricSpec(
         MISMATCH_EXTREME_TOKEN_FRAC,
         "extreme-token share",

@@ -35,6 +35,7 @@ from dashboard.charts.figures import (
     seed_band,
 )
 from dashboard.charts.style import metric_title
+from dashboard.charts.time_axis import TimeAxis
 
 DEFAULT_MAX_POINTS = 500
 MAX_MAX_POINTS = 20000
@@ -99,9 +100,11 @@ def run_lines(
     collapse_markers: Mapping[str, CollapseMarker] | None = None,
     colors: Mapping[str, str] | None = None,
     empty_message: str = "no data yet",
+    time_axis: TimeAxis | None = None,
 ) -> go.Figure:
     """One metric of several runs (one label each), the baseline drawn distinctly.
-    ``empty_message`` says why nothing is drawn (dashboard/review/emptiness.py)."""
+    ``empty_message`` says why nothing is drawn (dashboard/review/emptiness.py);
+    ``time_axis``: steps placed at their times (dashboard/charts/time_axis.py)."""
     if not any(has_points(s) for s in series_by_label.values()):
         return empty_figure(f"{metric_title(key)}: {empty_message}")
     thinned = dict(
@@ -113,6 +116,7 @@ def run_lines(
         baseline=baseline if baseline in thinned else None,
         collapse_markers=collapse_markers,
         colors=colors,
+        time_axis=time_axis,
     )
 
 

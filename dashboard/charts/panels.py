@@ -51,9 +51,8 @@ def experiment_keys(moe: bool) -> list[str]:
     ]
 
 
-# Keys a chart endpoint accepts: the metric-key alphabet of the platform's API (MLflow's
-# metric names: spaces and colons too), up to the metric store's 200-character key.
-METRIC_KEY_RE = re.compile(r"^[A-Za-z0-9_./: -]{1,200}$")
+# Keys a chart endpoint accepts: the metric store's (trainer/metric_keys.py METRIC_NAME).
+METRIC_KEY_RE = re.compile(rf"^{mk.METRIC_NAME.pattern}$")
 
 
 def is_moe(config: Mapping[str, Any] | None) -> bool:

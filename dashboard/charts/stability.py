@@ -1,7 +1,10 @@
 """The stability review table: one row per variant, aggregated over its seeds.
 
 Columns (docs/design.md, "dashboards"): training-inference KL (mismatch/kl_k3,
-mean over the run, shown in the registry's unit, ×1e-3), routing inconsistency %, extreme-token %,
+mean over the run, shown in the registry's unit, ×1e-3; a run that logs no k3 shows
+its k1, else its mean |log-prob difference|, else its mean |probability difference|,
+labelled: the mismatch signal each framework logs, docs/integrations.md),
+routing inconsistency %, extreme-token %,
 collapse step (mean over seeds, ">= N" when any seed is censored, see
 dashboard/charts/survival.py), final accuracy. Every number is first a per-run mean,
 then a mean over the variant's seeds, so a seed with more logged steps does not
@@ -25,6 +28,15 @@ from trainer import metric_keys as mk
 # KL in the registry's display unit (×1e-3), as on the charts.
 KL_SCALE = mk.metric_spec(mk.MISMATCH_KL_K3).scale
 MISSING = "-"
+# What the KL column shows, in order of preference, and the label a value of that kind
+# carries in the cell (none for the k3 KL the column is named after).
+MISMATCH_KINDS: tuple[tuple[str, str], ...] = (
+    (mk.MISMATCH_KL_K3, ""),
+    (mk.MISMATCH_KL_K1, "k1"),
+    (mk.MISMATCH_LOGP_ABS_DIFF, "|Δlog p|"),
+    (mk.MISMATCH_PROB_ABS_DIFF, "|Δp|"),
+)
+MISMATCH_LABELS = dict(MISMATCH_KINDS)
 
 # (field of StabilityRow.as_dict(), column header)
 STABILITY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -66,10 +78,11 @@ class RunStats:
     (a dense model has no routing inconsistency)."""
 
     outcome: RunOutcome
-    kl_k3: float
+    kl_k3: float  # the mismatch the KL column shows: of kind ``kl_kind``
     routing_inconsistency: float
     extreme_token_frac: float
     final_accuracy: float
+    kl_kind: str = mk.MISMATCH_KL_K3
 
     @classmethod
     def from_series(
@@ -92,9 +105,16 @@ class RunStats:
             if final_accuracy is not None
             else last_finite(series.get(mk.EVAL_ACCURACY))
         )
+        kind, mismatch = mk.MISMATCH_KL_K3, math.nan
+        for key, _ in MISMATCH_KINDS:
+            mismatch = series_mean(series.get(key), until)
+            if math.isfinite(mismatch):
+                kind = key
+                break
         return cls(
             outcome=outcome,
-            kl_k3=series_mean(series.get(mk.MISMATCH_KL_K3), until),
+            kl_k3=mismatch,
+            kl_kind=kind,
             routing_inconsistency=series_mean(series.get(mk.MISMATCH_ROUTING_INCONSISTENCY), until),
             extreme_token_frac=series_mean(series.get(mk.MISMATCH_EXTREME_TOKEN_FRAC), until),
             final_accuracy=accuracy,
@@ -119,6 +139,18 @@ def _fmt(mean: float, std: float | None = None, digits: int = 2, suffix: str = "
     return text + suffix
 
 
+def kl_kind_of(seeds: Iterable[RunStats]) -> str:
+    """The mismatch a variant's KL cell shows: the most preferred kind any seed has
+    (the seeds of another kind are left out of the mean)."""
+    present = {r.kl_kind for r in seeds if math.isfinite(r.kl_k3)}
+    return next((key for key, _ in MISMATCH_KINDS if key in present), mk.MISMATCH_KL_K3)
+
+
+def _labelled(text: str, kind: str) -> str:
+    label = MISMATCH_LABELS.get(kind, "")
+    return f"{text} ({label})" if label and text != MISSING else text
+
+
 def _none_if_nan(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -137,13 +169,14 @@ class StabilityRow:
     final_accuracy_pct: float
     final_accuracy_pct_std: float
     seeds: list[RunStats] = field(default_factory=list, repr=False, compare=False)
+    kl_kind: str = mk.MISMATCH_KL_K3
 
     def cells(self) -> dict[str, str]:
         """Display strings keyed like STABILITY_COLUMNS."""
         return {
             "variant": self.variant,
             "runs": str(self.runs),
-            "kl_k3_x1e3": _fmt(self.kl_k3_x1e3, self.kl_k3_x1e3_std),
+            "kl_k3_x1e3": _labelled(_fmt(self.kl_k3_x1e3, self.kl_k3_x1e3_std), self.kl_kind),
             "routing_inconsistency_pct": _fmt(self.routing_inconsistency_pct, suffix="%"),
             "extreme_token_pct": _fmt(self.extreme_token_pct, suffix="%"),
             "collapse_step": self.collapse.label,
@@ -160,6 +193,7 @@ class StabilityRow:
             "runs": self.runs,
             "kl_k3_x1e3": _none_if_nan(self.kl_k3_x1e3),
             "kl_k3_x1e3_std": _none_if_nan(self.kl_k3_x1e3_std),
+            "kl_kind": self.kl_kind,
             "routing_inconsistency_pct": _none_if_nan(self.routing_inconsistency_pct),
             "extreme_token_pct": _none_if_nan(self.extreme_token_pct),
             "collapse_step": self.collapse.label,
@@ -178,7 +212,8 @@ def stability_table_rows(runs: Iterable[RunStats]) -> list[StabilityRow]:
         by_variant.setdefault(run.outcome.variant, []).append(run)
     rows = []
     for variant, seeds in by_variant.items():
-        kl, kl_std = _mean_std(r.kl_k3 * KL_SCALE for r in seeds)
+        kind = kl_kind_of(seeds)
+        kl, kl_std = _mean_std(r.kl_k3 * KL_SCALE for r in seeds if r.kl_kind == kind)
         routing, _ = _mean_std(r.routing_inconsistency * 100 for r in seeds)
         extreme, _ = _mean_std(r.extreme_token_frac * 100 for r in seeds)
         accuracy, accuracy_std = _mean_std(r.final_accuracy * 100 for r in seeds)
@@ -194,6 +229,7 @@ def stability_table_rows(runs: Iterable[RunStats]) -> list[StabilityRow]:
                 final_accuracy_pct=accuracy,
                 final_accuracy_pct_std=accuracy_std,
                 seeds=seeds,
+                kl_kind=kind,
             )
         )
     return rows

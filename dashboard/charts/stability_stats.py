@@ -96,7 +96,9 @@ def survival_rows(rows: Sequence[StabilityRow], chosen: str | None = None) -> li
                 collapsed=f"{sum(events)}/{len(events)}",
                 median=_median_label(times, events),
                 logrank_p=p,
-                kl_ci=_ci_label([s.kl_k3 for s in row.seeds], KL_SCALE, 3),
+                kl_ci=_ci_label(
+                    [s.kl_k3 for s in row.seeds if s.kl_kind == row.kl_kind], KL_SCALE, 3
+                ),
             )
         )
     return out

@@ -56,6 +56,18 @@ def variant_of(run: Run) -> str:
     return run.variant or run.preset or f"run {run.pk}"
 
 
+def parents_of(run_ids: Sequence[int]) -> dict[int, int]:
+    """{run id: its parent's id} of the nested runs among ``run_ids`` (MLflow's
+    mlflow.parentRunId, lab/tracking); one query."""
+    from lab.tracking.models import TrackedRun
+
+    return dict(
+        TrackedRun.objects.filter(run_id__in=list(run_ids), parent__isnull=False).values_list(
+            "run_id", "parent_id"
+        )
+    )
+
+
 def runs_in_order(ids: Sequence[int]) -> list[Run]:
     """The runs with these ids, in the order given (unknown ids are skipped); one query."""
     by_id = {
@@ -174,6 +186,9 @@ def run_records(runs: Sequence[Run]) -> list[RunRecord]:
 
 STABILITY_KEYS = [
     mk.MISMATCH_KL_K3,
+    mk.MISMATCH_KL_K1,  # the KL column's fallbacks (dashboard/charts/stability.py)
+    mk.MISMATCH_LOGP_ABS_DIFF,
+    mk.MISMATCH_PROB_ABS_DIFF,
     mk.MISMATCH_ROUTING_INCONSISTENCY,
     mk.MISMATCH_EXTREME_TOKEN_FRAC,
     mk.EVAL_ACCURACY,

@@ -16,6 +16,7 @@ from lab.assets.text_files import config_decode_error
 from trainer.config import ExperimentConfig, apply_overrides
 from trainer.config.presets import preset_dict
 from trainer.errors import FieldError
+from trainer.hf.tokenizer import checkpoint_task_errors
 from trainer.reward_functions import FIELD as REWARD_FIELD
 from trainer.reward_functions import permit
 from trainer.validation import validate_config
@@ -71,6 +72,12 @@ def resolve_config(
         # The checkpoint a run names is checked like a registration (headers, shapes,
         # tokenizer), so a broken one is a field error now, not a failed run later.
         check_model_source(cfg.model.source, "model.source")
+        # ... and the task spoken in its tokens, as the run will check it when it starts:
+        # the lengths (rollout.max_new_tokens for the longest answer, model.max_seq_len)
+        # and that its tokenizer can write a correct answer.
+        errors = checkpoint_task_errors(cfg)
+        if errors:
+            raise FieldError(errors)
         return cfg
     except UnicodeDecodeError as exc:  # the data reader's word for a non-UTF-8 row
         raise config_decode_error(data, exc, f"{CONFIG_PREFIX}.") from None

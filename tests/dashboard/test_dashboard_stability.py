@@ -68,3 +68,26 @@ def test_run_stats_from_series():
     dense = RunStats.from_series(RunOutcome("d", 4, False), {})
     assert math.isnan(dense.kl_k3) and math.isnan(dense.final_accuracy)
     assert math.isnan(series_mean(([1], [None])))
+
+
+def test_the_kl_column_shows_k3_else_k1_else_the_frameworks_mismatch_labelled():
+    outcome = RunOutcome("v", 10, False, 0)
+
+    def stats(**series):
+        return RunStats.from_series(outcome, {k: ([0, 1], v) for k, v in series.items()})
+
+    k3 = stats(**{mk.MISMATCH_KL_K3: [0.002, 0.004], mk.MISMATCH_KL_K1: [1.0, 1.0]})
+    assert (k3.kl_kind, k3.kl_k3) == (mk.MISMATCH_KL_K3, pytest.approx(0.003))
+    k1 = stats(**{mk.MISMATCH_KL_K1: [0.001, 0.003]})
+    assert k1.kl_kind == mk.MISMATCH_KL_K1
+    (row,) = stability_table_rows([k1])
+    assert row.cells()["kl_k3_x1e3"] == "2.00 (k1)"
+    assert row.as_dict()["kl_kind"] == mk.MISMATCH_KL_K1
+    logp = stats(**{mk.MISMATCH_LOGP_ABS_DIFF: [0.01, 0.01]})
+    assert stability_table_rows([logp])[0].cells()["kl_k3_x1e3"] == "10.00 (|Δlog p|)"
+    prob = stats(**{mk.MISMATCH_PROB_ABS_DIFF: [0.005, 0.005]})
+    assert stability_table_rows([prob])[0].cells()["kl_k3_x1e3"] == "5.00 (|Δp|)"
+    # seeds of one variant with k3 and with k1 only: the k3 seeds' mean
+    (mixed,) = stability_table_rows([k3, k1])
+    assert mixed.kl_kind == mk.MISMATCH_KL_K3 and mixed.kl_k3_x1e3 == pytest.approx(3.0)
+    assert stability_table_rows([stats()])[0].cells()["kl_k3_x1e3"] == "-"

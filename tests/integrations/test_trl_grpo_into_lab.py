@@ -295,16 +295,20 @@ def test_trl_metrics_arrive_under_the_lab_keys_with_the_values_trl_logged(lab, t
     for name in list(TRL_TO_LAB) + [k for k in AS_LOGGED if k != DEAD]:
         assert all(name in logs[s] for s in train_steps), f"TRL 1.16 no longer logs {name!r}"
     got = _series(lab, trained["trl_id"], [*TRL_TO_LAB.values(), *AS_LOGGED, GENERATE_TIME])
-    # step 0 holds TRL's profiling timings only: the first generation is timed before the
-    # first optimizer step (trl/extras/profiling.py logs at the trainer's global step)
-    assert got["steps"] == [0, *train_steps]
+    # TRL's profiling timings are logged at the trainer's global step while the next step
+    # is computed (trl/extras/profiling.py): the lab charts each at the step it timed, so
+    # the run has exactly its training steps (MLflow's history keeps them as logged)
+    assert got["steps"] == train_steps
     for name, key in [*TRL_TO_LAB.items(), *((k, k) for k in AS_LOGGED)]:
         expected = {s: logs[s][name] for s in train_steps}
         assert _by_step(got, key) == pytest.approx(expected, rel=1e-6, abs=1e-12), (name, key)
     # TRL's timings, names with spaces and a colon, are stored and read as they are
     timing = _by_step(got, GENERATE_TIME)
-    assert sorted(timing) == list(range(STEPS)) and all(v > 0 for v in timing.values())
-    assert trained["mlflow_run"].data.metrics[GENERATE_TIME] == pytest.approx(timing[STEPS - 1])
+    assert sorted(timing) == train_steps and all(v > 0 for v in timing.values())
+    assert trained["mlflow_run"].data.metrics[GENERATE_TIME] == pytest.approx(timing[STEPS])
+    history = lab.get("/api/2.0/mlflow/metrics/get-history?" + urllib.parse.urlencode(
+        {"run_id": trained["trl_id"], "metric_key": GENERATE_TIME}))["metrics"]  # fmt: skip
+    assert sorted({m["step"] for m in history}) == list(range(STEPS))  # as logged
     # a bare name that is mapped is not stored a second time under its own name
     bare = _series(lab, trained["trl_id"], ["reward", "kl", "loss"])
     assert not any(_by_step(bare, k) for k in ("reward", "kl", "loss"))

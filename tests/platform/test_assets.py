@@ -188,7 +188,10 @@ def test_the_run_form_picks_registered_assets(user, experiment, checkpoint):
     client.force_login(user)
     page = client.get(f"/experiments/{experiment.pk}/runs/new?preset=text-grpo")
     assert 'name="registered_model"' in page.content.decode()
-    config = json.dumps(ExperimentConfig.model_validate({}).to_dict())
+    config = ExperimentConfig.model_validate({}).to_dict()
+    config["rollout"]["max_new_tokens"] = 32  # the longest answer in the checkpoint's tokens
+    config["model"]["max_seq_len"] = 256
+    config = json.dumps(config)
     response = client.post(
         f"/experiments/{experiment.pk}/runs/new",
         {"mode": "json", "config_json": config, "registered_model": "q3",
@@ -244,3 +247,66 @@ def test_a_deployment_keeps_registered_paths_on_its_volume(api, checkpoint, sett
         api.post("/api/models", {"name": "q3", "path": str(checkpoint)}, format="json").status_code
         == 201
     )
+
+
+def test_a_too_short_answer_budget_on_a_registered_model_is_refused_at_submit(
+    api, user, experiment, checkpoint
+):
+    """The word problems' answers take about 20 of the checkpoint's tokens: 8 new
+    tokens can never finish one. The form, the API and manage.py submit refuse it at
+    rollout.max_new_tokens through the one config gate, before anything is queued
+    (it used to pass the form and fail on the worker)."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from lab.assets.services import register_dataset, register_model
+
+    register_model(owner=user, name="q3", path=str(checkpoint))
+    register_dataset(owner=user, name="wp", path=WORD_PROBLEMS)
+    short = {"rollout.max_new_tokens": 8, "run.steps": 2}
+    response = api.post(
+        "/api/runs",
+        {"experiment": experiment.pk, "preset": "text-grpo", "model": "q3", "dataset": "wp",
+         "overrides": short},
+        format="json",
+    )  # fmt: skip
+    errors = _errors(response)
+    assert "too short" in errors["config.rollout.max_new_tokens"][0]
+    client = Client()
+    client.force_login(user)
+    config = ExperimentConfig.model_validate({}).to_dict()
+    config["rollout"]["max_new_tokens"] = 8
+    page = client.post(
+        f"/experiments/{experiment.pk}/runs/new",
+        {"mode": "json", "config_json": json.dumps(config), "registered_model": "q3",
+         "registered_dataset": "wp", "queue": "cpu", "priority": "0"},
+    )  # fmt: skip
+    assert page.status_code == 200 and "too short" in page.content.decode()
+    out = StringIO()
+    with pytest.raises(SystemExit) as exc:
+        call_command(
+            "submit", "--user", user.username, "--preset", "text-grpo",
+            "--set", f"model.source={checkpoint}",
+            "--set", f"task.data_file={WORD_PROBLEMS}", "--set", "rollout.max_new_tokens=8",
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    assert exc.value.code == 2 and "config.rollout.max_new_tokens:" in out.getvalue()
+    assert Run.objects.count() == 0
+
+
+def test_a_tokenizer_that_cannot_write_the_answers_is_refused_at_submit(api, experiment, tmp_path):
+    """A checkpoint whose tokenizer has no '#' cannot write GSM8K's '#### 19': every
+    response would score 0, so the run is refused at model.source."""
+    folder = tmp_path / "no-hash"
+    save_hf_checkpoint("qwen3_moe", folder)
+    save_char_tokenizer(folder, word_problem_characters().replace("#", ""))
+    response = api.post(
+        "/api/runs",
+        {"experiment": experiment.pk, "preset": "text-grpo",
+         "overrides": {"model.source": str(folder), "run.steps": 2,
+                       "rollout.max_new_tokens": 64, "model.max_seq_len": 192}},
+        format="json",
+    )  # fmt: skip
+    errors = _errors(response)
+    assert "cannot write this task's answers" in errors["config.model.source"][0]

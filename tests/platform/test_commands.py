@@ -102,6 +102,50 @@ def test_lab_user_superuser_only_when_asked(db):
     assert user.is_superuser and user.is_staff
 
 
+def test_lab_user_token_only_never_changes_an_existing_user(db):
+    """The command docs/integrations.md gives for a token once demoted an admin and
+    reset the password (is_superuser and is_staff set to False)."""
+    users = get_user_model().objects
+    admin = users.create_superuser("boss", password="keep-me")
+    hash_before = admin.password
+    out = StringIO()
+    call_command("lab_user", "--username", "boss", "--token-only", stdout=out)
+    token = out.getvalue().strip()
+    admin.refresh_from_db()
+    assert admin.is_superuser and admin.is_staff and admin.password == hash_before
+    assert admin.check_password("keep-me") and len(token) == 40
+    again = StringIO()
+    call_command("lab_user", "--username", "boss", "--token-only", stdout=again)
+    assert again.getvalue().strip() == token  # the same token, not a new one
+    for extra in (["--password", "x"], ["--superuser"]):
+        with pytest.raises(CommandError) as info:
+            call_command(
+                "lab_user", "--username", "boss", "--token-only", *extra, stdout=StringIO()
+            )
+        assert info.value.returncode == 2 and "never changes an existing user" in str(info.value)
+    admin.refresh_from_db()
+    assert admin.is_superuser and admin.check_password("keep-me")
+
+
+def test_lab_user_reset_keeps_rights_and_promotes_only_on_request(db):
+    users = get_user_model().objects
+    users.create_superuser("boss", password="old")
+    call_command("lab_user", "--username", "boss", "--password", "new", stdout=StringIO())
+    boss = users.get(username="boss")
+    assert boss.check_password("new") and boss.is_superuser and boss.is_staff  # not demoted
+    users.create_user("eve", password="pw")
+    call_command("lab_user", "--username", "eve", "--superuser", stdout=StringIO())
+    assert users.get(username="eve").is_superuser
+
+
+@pytest.mark.parametrize("name", ["", "x" * 200, "bad name!"])
+def test_lab_user_bad_username_exits_2(db, name):
+    with pytest.raises(CommandError) as info:
+        call_command("lab_user", "--username", name, stdout=StringIO())
+    assert info.value.returncode == 2 and str(info.value).startswith("--username:")
+    assert not get_user_model().objects.exists()
+
+
 def test_submit_builtin_study_queues_every_variant_and_seed(admin):
     out = _submit("--study", "quick", "--set", "run.steps=3", "--force")
     runs = Run.objects.all()

@@ -5,52 +5,16 @@ vectors, status mapping and collapse detection when a run ends."""
 from __future__ import annotations
 
 import base64
-import json
 
 import pytest
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
+from mlflow_rest import Mlflow
 
 from lab.runs.metrics.read import metric_series_many
 from lab.runs.models import MetricStep, Run
 from lab.tracking.models import TrackedRun
-
-API = "/api/2.0/mlflow"
-
-
-class Mlflow:
-    """A minimal MLflow REST caller with a lab token."""
-
-    def __init__(self, user):
-        self.client = Client()
-        self.auth = f"Bearer {Token.objects.get_or_create(user=user)[0].key}"
-
-    def call(self, method: str, route: str, body=None, *, auth: str | None = "default"):
-        headers = (
-            {} if auth is None else {"HTTP_AUTHORIZATION": self.auth if auth == "default" else auth}
-        )
-        if method == "GET":
-            resp = self.client.get(f"{API}/{route}", body or {}, **headers)
-        else:
-            raw = body if isinstance(body, str | bytes) else json.dumps(body or {})
-            resp = self.client.post(
-                f"{API}/{route}", raw, content_type="application/json", **headers
-            )
-        return resp.status_code, resp.json()
-
-    def ok(self, method: str, route: str, body=None):
-        code, data = self.call(method, route, body)
-        assert code == 200, (code, data)
-        return data
-
-    def run(self, experiment_id: str, name: str = "r", tags=None) -> str:
-        data = self.ok("POST", "runs/create", {
-            "experiment_id": experiment_id, "run_name": name, "start_time": 1,
-            "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()],
-        })  # fmt: skip
-        return data["run"]["info"]["run_id"]
 
 
 @pytest.fixture
@@ -214,13 +178,14 @@ def test_the_layers_that_log_no_expert_load_are_the_dense_ones(ml, exp_id, user)
 def test_mlflow_metric_names_with_spaces_and_colons_are_read_and_charted(ml, exp_id, user, api):
     """TRL times its phases through MLflow as ``profiling/Time taken: GRPOTrainer.<phase>``
     (trl/extras/profiling.py): MLflow's name alphabet has spaces and colons, so the
-    metrics API and the chart endpoints read such a name (dots too) as it was logged."""
+    metrics API and the chart endpoints read such a name (dots too) as it was logged,
+    each timing charted at the step it timed (logged at the step before)."""
     name = "profiling/Time taken: GRPOTrainer.transformers.generate"
     run_id = ml.run(exp_id, tags={"lab.framework": "trl"})
     ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
         _metric(name, 0.5 + s, s) for s in range(3)]})  # fmt: skip
     body = api.get(f"/api/runs/{run_id}/metrics", {"keys": f"{name},reward/mean"}).json()
-    assert body["steps"] == [0, 1, 2] and body["series"][name] == [0.5, 1.5, 2.5]
+    assert body["steps"] == [1, 2, 3] and body["series"][name] == [0.5, 1.5, 2.5]
     assert name in api.get(f"/api/runs/{run_id}/metrics").json()["available_keys"]
     browser = Client()
     browser.force_login(user)
@@ -420,26 +385,31 @@ def test_the_queue_and_the_lab_actions_leave_an_external_run_alone(ml, exp_id, u
 
 
 def test_metric_history_returns_each_step_as_logged(ml, exp_id):
-    """GetMetricHistory: the series under the name as logged, one point per step (the
-    later timestamp's value), paged; a mapped name (verl's) and one expert's load
-    share (a slot of the layer's vector) read back as logged; a never-logged name has
-    no points; a missing key is MLflow's INVALID_PARAMETER_VALUE."""
+    """GetMetricHistory: every point under the name as logged, each with its own step and
+    timestamp (two at one step both; the lab's step row keeps the later), in MLflow's
+    order (timestamp, step, value), paged; a retried batch adds nothing; a mapped name
+    (verl's) and one expert's load share (a slot of the layer's vector) read back as
+    logged; a never-logged name has no points; a missing key is MLflow's
+    INVALID_PARAMETER_VALUE."""
     run_id = ml.run(exp_id, "hist")
-    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [
+    batch = {"run_id": run_id, "metrics": [
         _metric("loss", 1.5, 0, ts=10), _metric("loss", 1.2, 1, ts=20),
         _metric("loss", 1.1, 1, ts=30), _metric("loss", "NaN", 2, ts=40),
         _metric("rollout_corr/kl", 0.25, 0), _metric("experts/load/L0/e1", 0.4, 0),
-    ]})  # fmt: skip
+    ]}  # fmt: skip
+    ml.ok("POST", "runs/log-batch", batch)
+    ml.ok("POST", "runs/log-batch", batch)  # a client retrying
     history = ml.ok("GET", "metrics/get-history", {"run_id": run_id, "metric_key": "loss"})
-    points = [(m["step"], m["value"]) for m in history["metrics"]]
-    assert points == [(0, 1.5), (1, 1.1), (2, "NaN")]
-    assert history["metrics"][-1]["timestamp"] == 40 and "next_page_token" not in history
+    points = [(m["step"], m["value"], m["timestamp"]) for m in history["metrics"]]
+    assert points == [(0, 1.5, 10), (1, 1.2, 20), (1, 1.1, 30), (2, "NaN", 40)]
+    assert "next_page_token" not in history
+    assert _series(run_id, ["loss"]).series["loss"][1][1] == 1.1  # the step's row: the later
     first = ml.ok("GET", "metrics/get-history",
                   {"run_id": run_id, "metric_key": "loss", "max_results": 2})  # fmt: skip
     assert len(first["metrics"]) == 2 and first["next_page_token"] == "2"
     rest = ml.ok("GET", "metrics/get-history", {"run_id": run_id, "metric_key": "loss",
                                                  "page_token": first["next_page_token"]})  # fmt: skip
-    assert [m["step"] for m in rest["metrics"]] == [2]
+    assert [m["step"] for m in rest["metrics"]] == [1, 2]
     mapped = ml.ok(
         "GET", "metrics/get-history", {"run_id": run_id, "metric_key": "rollout_corr/kl"}
     )

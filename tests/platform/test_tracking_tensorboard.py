@@ -85,3 +85,51 @@ def test_api_import_inside_the_asset_roots(tmp_path, user, experiment, settings)
     code, data = post({"experiment_id": experiment.pk, "path": str(outside)})
     assert (code, data["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
     assert "LAB_ASSET_ROOTS" in data["message"]
+
+
+def test_histograms_become_expert_loads_or_distributions(tmp_path, user, experiment):
+    import numpy as np
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lab.runs.metrics.read import metric_series_many
+    from lab.tracking.models import TrackedRun
+    from trainer import metric_keys as mk
+
+    folder = tmp_path / "hist"
+    writer = SummaryWriter(log_dir=str(folder))
+    rng = np.random.default_rng(0)
+    loads = {}
+    for step in range(3):
+        for layer in (0, 2):
+            # the routed experts' ids of one step's tokens, one bin per expert
+            ids = rng.integers(0, 8, size=400)
+            writer.add_histogram(
+                f"moe/layer_{layer}/expert_ids", ids, step, bins=np.arange(9) - 0.5
+            )
+            loads[(layer, step)] = np.bincount(ids, minlength=8) / 400
+        writer.add_histogram("actor/log_probs", rng.normal(-2.0, 0.5, size=1000), step)
+        writer.add_scalar("train/reward", 0.5, step)
+        writer.add_image("samples", np.zeros((3, 4, 4)), step)
+    writer.close()
+    job = TensorBoardImport.start(user=user, experiment_id=experiment.pk, folder=folder)
+    job.poll(user)
+    run = job.finish(user)
+    dist_key = mk.DISTRIBUTION_PREFIX + "actor/log_probs"
+    keys = [mk.experts_load(0), mk.experts_load(2), dist_key]
+    series = metric_series_many([run.pk], keys)[run.pk].series
+    for layer in (0, 2):
+        steps, vectors = series[mk.experts_load(layer)]
+        assert steps.tolist() == [0, 1, 2]
+        for step, vector in zip(steps.tolist(), vectors, strict=True):
+            assert vector == pytest.approx(loads[(layer, step)].tolist())
+    assert run.config["model"]["n_experts"] == 8 and run.config["model"]["n_layers"] == 3
+    assert run.config["model"]["dense_layers"] == [1]
+    steps, bands = series[dist_key]
+    assert steps.tolist() == [0, 1, 2] and all(
+        len(b) == len(mk.DISTRIBUTION_PERCENTS) for b in bands
+    )
+    median = bands[0][4]
+    assert median == pytest.approx(-2.0, abs=0.1)  # the 50% band of N(-2, 0.5)
+    assert bands[0][0] < bands[0][2] < median < bands[0][6] < bands[0][8]
+    notes = TrackedRun.objects.get(run=run).import_notes
+    assert [(n["tag"], n["kind"]) for n in notes] == [("samples", "images")]

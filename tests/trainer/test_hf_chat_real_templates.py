@@ -1,36 +1,38 @@
-"""The chat templates the supported families really ship, rendered by the lab as
-transformers' ``apply_chat_template`` renders them.
+"""Every chat template TRL ships, rendered by the lab as transformers'
+``apply_chat_template`` renders it.
 
-The template texts are not copied into this repository: TRL (a test
-dependency) ships the released templates of Qwen3 (also Qwen3-MoE's), Qwen2.5
-(the Qwen2 family's ChatML, Qwen2-MoE's too) and Llama 3, 3.1 and 3.2 as data,
-to recognise a model by its template (trl/chat_templates/README.md). Mixtral's
-and OLMoE's are not among them; tests/trainer/test_hf_chat_render.py covers
-their constructs (a Mistral-style [INST] template that raises on roles that do
-not alternate).
+The template texts are not copied into this repository: TRL (a test dependency)
+ships released templates (Qwen2.5/3, Llama 3.x, DeepSeek-V3, GLM-4.5, GPT-OSS,
+Gemma, Phi-3, LFM2, Nemotron, Cohere, ...) and their ``_training`` variants, whose
+``{% generation %}`` blocks mark the assistant's text for an assistant-only loss,
+as data in trl/chat_templates. For each: the rendered text of two conversations
+(with the generation prompt) equals transformers' (or both refuse it: a vision
+template over plain-string content), and for each template with the tag the token
+ids and assistant mask of an answered conversation equal
+``apply_chat_template(tokenize=True, return_dict=True, return_assistant_tokens_mask=True)``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import pytest
 from hf_tiny_checkpoints import save_char_tokenizer
 
+from trainer.errors import FieldError
 from trainer.hf.tokenizer import CheckpointTokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
-# template file in trl/chat_templates -> the families that ship it
-REAL_TEMPLATES = {
-    "qwen3.jinja": "qwen3, qwen3_moe",
-    "qwen2_5.jinja": "qwen2, qwen2_moe",
-    "llama3.jinja": "llama (3)",
-    "llama3_1.jinja": "llama (3.1)",
-    "llama3_2.jinja": "llama (3.2)",
-}
+TEMPLATES = sorted(
+    p.name
+    for p in (resources.files("trl") / "chat_templates").iterdir()
+    if p.name.endswith(".jinja")
+)
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 CONVERSATIONS = {
     "one question": (("user", "What is 2 + 3?"),),
     "system and few-shot": (
@@ -40,6 +42,7 @@ CONVERSATIONS = {
         ("user", "3+5="),
     ),
 }
+ANSWERED = (("user", "2+2="), ("assistant", "4"), ("user", "3+5="), ("assistant", "8"))
 
 
 def _real_template(name: str) -> str:
@@ -47,26 +50,60 @@ def _real_template(name: str) -> str:
 
 
 def _checkpoint(tmp_path, template: str):
-    """A character tokenizer with the real template (only the rendered text is
-    compared: the template's own markers need not be tokens of it)."""
+    """A character tokenizer with the real template (the template's own markers are
+    split into characters alike by both)."""
     save_char_tokenizer(tmp_path)
-    plain = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
+    plain = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<pad>"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(plain))
     (tmp_path / "chat_template.jinja").write_text(template)
     return transformers.AutoTokenizer.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("conversation", CONVERSATIONS)
-@pytest.mark.parametrize("name", REAL_TEMPLATES)
-def test_a_real_template_renders_as_transformers(tmp_path, name, conversation):
-    turns = CONVERSATIONS[conversation]
+def _messages(turns):
+    return [{"role": r, "content": c} for r, c in turns]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_every_trl_template_renders_as_transformers(tmp_path, name):
     hf = _checkpoint(tmp_path, _real_template(name))
-    ours = CheckpointTokenizer(tmp_path, chat_template=True).render_conversation(turns)
-    theirs = hf.apply_chat_template(
-        [{"role": r, "content": c} for r, c in turns], tokenize=False, add_generation_prompt=True
-    )
-    assert ours == theirs, REAL_TEMPLATES[name]
-    assert turns[-1][1] in ours
+    tok = CheckpointTokenizer(tmp_path, chat_template=True)
+    for turns in CONVERSATIONS.values():
+        try:
+            theirs = hf.apply_chat_template(
+                _messages(turns), tokenize=False, add_generation_prompt=True
+            )
+        except Exception:
+            with pytest.raises(FieldError, match=r"model\.chat_template"):
+                tok.render_conversation(turns)
+            continue
+        assert tok.render_conversation(turns) == theirs, name
+
+
+GENERATION_TEMPLATES = [n for n in TEMPLATES if GENERATION_TAG.search(_real_template(n))]
+
+
+@pytest.mark.parametrize("name", GENERATION_TEMPLATES)
+def test_the_assistant_mask_is_transformers_and_trls(tmp_path, name):
+    """TRL's assistant-only loss reads ``assistant_masks``: the lab's mask of an
+    answered conversation is the same, token for token, and marks the answers."""
+    hf = _checkpoint(tmp_path, _real_template(name))
+    tok = CheckpointTokenizer(tmp_path, chat_template=True)
+    try:
+        out = hf.apply_chat_template(
+            _messages(ANSWERED), tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )  # fmt: skip
+    except Exception:
+        with pytest.raises(FieldError):
+            tok.encode_chat(ANSWERED)
+        return
+    ids, mask = tok.encode_chat(ANSWERED)
+    assert (ids, mask) == (out["input_ids"], out["assistant_masks"]), name
+    assert 0 < sum(mask) < len(mask)
+
+
+def test_most_trl_templates_render_and_a_third_mark_the_assistant():
+    assert len(TEMPLATES) >= 38 and len(GENERATION_TEMPLATES) >= 34
 
 
 @pytest.mark.parametrize("thinking", [False, True])

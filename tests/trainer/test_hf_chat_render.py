@@ -1,7 +1,9 @@
 """Chat templates render as transformers' ``apply_chat_template`` renders them:
 the same sandboxed environment (``tojson`` without HTML escaping,
-``strftime_now``, ``raise_exception``, loop controls), and
-tokenizer_config.json's ``add_bos_token: false`` honoured."""
+``strftime_now``, ``raise_exception``, loop controls, ``{% generation %}``), the
+same variables (every named special token the tokenizer has, ``tools`` and
+``documents`` as None); without a template prompts are framed as transformers'
+``tokenizer(prompt)`` frames them."""
 
 from __future__ import annotations
 
@@ -55,13 +57,47 @@ def test_raise_exception_is_a_template_error(tmp_path):
         CheckpointTokenizer(tmp_path, chat_template=True).render_prompt("x")
 
 
-def test_add_bos_token_false_adds_no_bos(tmp_path):
+@pytest.mark.parametrize("post_processor", [False, True])
+@pytest.mark.parametrize("add_bos_token", [None, True, False])
+def test_without_a_template_the_bos_rule_is_transformers(tmp_path, post_processor, add_bos_token):
+    """transformers 5 frames ``tokenizer(prompt)`` by tokenizer.json's post-processor
+    and ignores add_bos_token once there is one; the lab encodes prompts the same
+    way in each of the six set-ups (the old rule, BOS unless add_bos_token was
+    false, differed in three)."""
     save_char_tokenizer(tmp_path)
-    assert CheckpointTokenizer(tmp_path).encode("12")[0] == 1  # <bos>
-    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
-    tok = CheckpointTokenizer(tmp_path)
-    assert tok.encode("12") == tok.encode("12", bos=False)
+    if not post_processor:
+        data = json.loads((tmp_path / "tokenizer.json").read_text())
+        data["post_processor"] = None
+        (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
+    if add_bos_token is not None:
+        config["add_bos_token"] = add_bos_token
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)("12+3=")["input_ids"]
+    ours = CheckpointTokenizer(tmp_path).encode("12+3=")
+    assert ours == theirs
+    assert (ours[0] == 1) == post_processor
+
+
+SPECIALS_AND_TOOLS = """{{ bos_token }}|{{ pad_token }}|{{ unk_token }}|{{ sep_token is defined }}|
+{%- if tools is none %}no tools{% endif %}|{% if documents is none %}no documents{% endif %}|
+{%- for m in messages %}{{ m['content'] }}{% endfor %}"""
+
+
+def test_the_template_sees_pad_unk_and_none_tools_as_transformers_passes_them(tmp_path):
+    """pad and unk tokens render as their text (not empty), an unset one stays
+    undefined, special_tokens_map.json is read, tools and documents are None."""
+    save_char_tokenizer(tmp_path)
+    config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<eos>"}))
+    (tmp_path / "chat_template.jinja").write_text(SPECIALS_AND_TOOLS)
+    ours = CheckpointTokenizer(tmp_path, chat_template=True).render_prompt("hi")
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    theirs = hf.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert ours == theirs == "<bos>|<pad>|<eos>|False|no tools|no documents|hi"
 
 
 # Qwen3-style ChatML: the first turn may be a system prompt, assistant turns carry

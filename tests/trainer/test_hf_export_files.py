@@ -120,3 +120,39 @@ def test_an_export_whose_source_checkpoint_is_gone_is_refused(tmp_path):
         export_hf(state, cfg, cfg.vocab_size, tmp_path / "export")
     assert "is gone" in exc.value.as_dict()["model.source"][0]
     assert not (tmp_path / "export").exists()
+
+
+def test_export_refuses_the_run_folder_and_folders_holding_it(tmp_path, capsys):
+    """`--out RUN_DIR --replace` once deleted the run it was exporting."""
+    run, _ = _run_dir(tmp_path, {"name": "arithmetic"}, CharTokenizer().vocab_size)
+    before = sorted(p.name for p in run.iterdir())
+    for out in (run, run.parent, run / ".."):
+        code = cli_main(["export", str(run), "--step", "3", "--out", str(out), "--replace"])
+        err = capsys.readouterr().err
+        assert code == BAD_INPUT_EXIT_CODE and "--out" in err and "holds the run folder" in err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing removed
+    # Another run's folder is not a place to export into either.
+    other = tmp_path / "other-run"
+    other.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (other / name).write_text("{}")
+    assert cli_main(["export", str(run), "--step", "3", "--out", str(other), "--replace"]) == (
+        BAD_INPUT_EXIT_CODE
+    )
+    assert "is a run folder" in capsys.readouterr().err and (other / "metrics.jsonl").exists()
+    # Inside the run folder (where the platform writes exports) is fine.
+    assert cli_main(["export", str(run), "--step", "3", "--out", str(run / "exports" / "s3")]) == 0
+
+
+def test_an_unwritable_out_is_a_message_not_a_traceback(tmp_path, capsys):
+    run, _ = _run_dir(tmp_path, {"name": "arithmetic"}, CharTokenizer().vocab_size)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    # (file permissions do not stop root, which runs these tests: a file in the way,
+    # and a place no one can create folders in)
+    for out in (a_file / "export", Path("/proc/no-such/export")):
+        code = cli_main(["export", str(run), "--step", "3", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == BAD_INPUT_EXIT_CODE and "Traceback" not in err, err
+        assert "--out: cannot write into" in err

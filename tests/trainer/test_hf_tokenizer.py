@@ -32,7 +32,7 @@ def test_missing_specials_fall_back_to_config_ids_and_eos_padding(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 5]}))
     tok = CheckpointTokenizer(tmp_path)
     assert tok.eos_id == 2 and tok.pad_id == 2 and tok.bos_id is None
-    assert tok.encode("12", bos=True) == [4, 5]
+    assert tok.encode("12", bos=True) == [1, 4, 5]  # tokenizer.json's post-processor
 
 
 def test_generation_config_eos_lists_end_responses_too(tmp_path):

@@ -164,6 +164,8 @@ class CollapseDetector:
     lists the (step, reason) of collapses that recovered.
     """
 
+    metric: str = "reward/accuracy"  # the batch accuracy's key, named in the collapse reason
+
     def __init__(self, cfg: CollapseConfig, samples: int = 128, eval_samples: int = 128):
         self.cfg = cfg
         self.samples = samples  # answers per step: prompts_per_step x group_size
@@ -280,7 +282,7 @@ class CollapseDetector:
             if scale.below_count >= self.cfg.patience:
                 start = max(scale.below_since - scale.window // 2, 0)
                 reason = (
-                    f"reward/accuracy {scale.name} ({scale.window} steps) fell below "
+                    f"{self.metric} {scale.name} ({scale.window} steps) fell below "
                     f"{threshold:.4g} = min({self.cfg.drop_fraction:g} x best {scale.best:.4g}, "
                     f"best - noise margin {self.margin(scale=scale):.3g}) for "
                     f"{self.cfg.patience} steps"
@@ -401,15 +403,21 @@ class CollapseDetector:
 
 
 def detect_from_rows(
-    rows: Iterable[dict[str, Any]], cfg: CollapseConfig, samples: int, eval_samples: int
+    rows: Iterable[dict[str, Any]],
+    cfg: CollapseConfig,
+    samples: int,
+    eval_samples: int,
+    metric: str = "reward/accuracy",
 ) -> CollapseDetector:
     """Re-run the detector on a run's metrics.jsonl rows (batch and held-out accuracy).
 
-    Lets a study judge runs written by an older detector with the current rule.
+    Lets a study judge runs written by an older detector with the current rule;
+    ``metric``: the key the accuracy was read from, named in the reason.
     """
     from trainer import metric_keys as K
 
     det = CollapseDetector(cfg, samples, eval_samples)
+    det.metric = metric
     for row in rows:
         step = int(row["step"])
         if row.get(K.EVAL_ACCURACY) is not None:

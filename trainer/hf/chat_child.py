@@ -4,7 +4,8 @@
 
 First message ``{"source": TEMPLATE}``: compiled in ``chat_environment``'s
 sandbox, answered ``{"ready": true}`` or ``{"error", "kind"}``. Then each request
-``{"variables": {...}, "max_chars": N}`` is answered ``{"text": ...}`` or
+``{"variables": {...}, "max_chars": N}`` is answered ``{"text": ..., "spans": [[start,
+end], ...]}`` (the ``{% generation %}`` blocks' character spans) or
 ``{"error", "kind"}``: ``refused`` (the template's own ``raise_exception`` or a
 template error), ``unsafe`` (it reached for what the sandbox forbids, e.g.
 ``__class__``), ``too_long`` (more than ``max_chars`` characters: rendering
@@ -37,12 +38,14 @@ def _failure(exc: BaseException) -> dict[str, str]:
 
 class _Renderer:
     template: Any
+    environment: Any
 
     def compile(self, first: dict[str, Any]) -> dict[str, Any]:
         from trainer.hf.chat_environment import chat_template_environment
 
         try:
-            self.template = chat_template_environment().from_string(str(first["source"]))
+            self.environment = chat_template_environment()
+            self.template = self.environment.from_string(str(first["source"]))
         except Exception as exc:  # a syntax error, or a parse that recursed or ran out of memory
             return _failure(exc)
         return {"ready": True}
@@ -50,19 +53,21 @@ class _Renderer:
     def render(self, request: dict[str, Any]) -> dict[str, Any]:
         limit = int(request["max_chars"])
         parts: list[str] = []
+        spans: list[tuple[int, int]] = []
         size = 0
         try:
-            for chunk in self.template.generate(**request["variables"]):
-                size += len(chunk)
-                if size > limit:
-                    return {
-                        "kind": "too_long",
-                        "error": f"it rendered more than {limit} characters",
-                    }
-                parts.append(chunk)
+            with self.environment.activate_tracker(parts, spans):
+                for chunk in self.template.generate(**request["variables"]):
+                    size += len(chunk)
+                    if size > limit:
+                        return {
+                            "kind": "too_long",
+                            "error": f"it rendered more than {limit} characters",
+                        }
+                    parts.append(chunk)
         except Exception as exc:
             return _failure(exc)
-        return {"text": "".join(parts)}
+        return {"text": "".join(parts), "spans": spans}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,53 @@ output, memory; ``trainer.hf.chat_sandbox``). A construct transformers adds
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+
+def _generation_tracker():
+    """transformers' ``AssistantTracker``: the ``{% generation %}...{% endgeneration %}``
+    block (TRL's training templates mark the assistant's text with it) renders its
+    body, and while a tracker is active records the body's (start, end) character
+    span in the rendered text, from which ``return_assistant_tokens_mask`` (and the
+    lab's ``CheckpointTokenizer.encode_chat``) marks the assistant's tokens."""
+    import jinja2
+    from jinja2.ext import Extension
+
+    class GenerationTracker(Extension):
+        tags = {"generation"}
+
+        def __init__(self, environment):
+            super().__init__(environment)
+            environment.extend(activate_tracker=self.activate_tracker)
+            self._tracking = ContextVar("generation_tracker", default=None)
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            call = self.call_method("_generation_support")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        @jinja2.pass_eval_context
+        def _generation_support(self, context, caller) -> str:
+            body = caller()
+            tracking = self._tracking.get()
+            if tracking is not None:
+                rendered, spans = tracking  # the chunks yielded so far precede this block
+                start = sum(len(chunk) for chunk in rendered)
+                spans.append((start, start + len(body)))
+            return body
+
+        @contextmanager
+        def activate_tracker(self, rendered: list[str], spans: list[tuple[int, int]]):
+            token = self._tracking.set((rendered, spans))
+            try:
+                yield
+            finally:
+                self._tracking.reset(token)
+
+    return GenerationTracker
+
 
 def chat_template_environment():
     """The sandboxed jinja2 environment transformers renders chat templates in
@@ -19,7 +66,8 @@ def chat_template_environment():
     trim_blocks, lstrip_blocks and loop controls; ``tojson`` without HTML
     escaping (json.dumps, ensure_ascii=False); ``raise_exception``;
     ``strftime_now`` (the current local time, as Llama 3.1's template dates its
-    system prompt); ``dict`` and an underscore-refusing ``namespace``."""
+    system prompt); ``dict`` and an underscore-refusing ``namespace``; the
+    ``{% generation %}`` tag (``env.activate_tracker(rendered, spans)``)."""
     import json as _json
     from datetime import datetime
 
@@ -66,7 +114,9 @@ def chat_template_environment():
                 )
 
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_generation_tracker(), jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception

@@ -72,6 +72,11 @@ class ChatTemplateSandbox:
 
     def render(self, variables: dict[str, Any]) -> str:
         """The template's text for ``variables``; TemplateRefused naming the bound."""
+        return self.render_spans(variables)[0]
+
+    def render_spans(self, variables: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
+        """The template's text and the character spans of its ``{% generation %}``
+        blocks (the assistant's text in TRL's training templates)."""
         request = {"variables": variables, "max_chars": self.limits.max_chars}
         try:
             answer = self._child.call(request, self.limits.time_s)
@@ -84,7 +89,8 @@ class ChatTemplateSandbox:
             raise TemplateRefused(str(exc), "failed") from None
         if "error" in answer:
             raise TemplateRefused(str(answer["error"]), str(answer.get("kind", "failed")))
-        return str(answer["text"])
+        spans = [(int(start), int(end)) for start, end in answer.get("spans", [])]
+        return str(answer["text"]), spans
 
     def close(self) -> None:
         self._child.close()

@@ -125,8 +125,13 @@ def _prepare_target(out: Path, replace: bool) -> Path:
                 )
             ]
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:  # an unwritable or read-only place: the option's error
+        raise FieldError(
+            [("--out", f"cannot write into {out.parent}: {exc.strerror or exc}")]
+        ) from None
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the export is for other readers too
     return tmp
 

@@ -12,12 +12,17 @@ With ``model.chat_template`` a prompt (``encode(..., bos=True)``, as the
 tasks encode prompts) is first rendered as one user message through the
 checkpoint's chat template with the generation prompt, the way transformers'
 ``apply_chat_template(..., add_generation_prompt=True)`` renders it (the
-same sandboxed jinja2 environment, in a process of its own with a time,
-output and memory bound: ``trainer.hf.chat_sandbox``); the template writes its
-own BOS, so none is added.
+same sandboxed jinja2 environment, ``{% generation %}`` included, in a process of
+its own with a time, output and memory bound: ``trainer.hf.chat_sandbox``), given
+what transformers gives it: the named special tokens the tokenizer has,
+``tools=None`` and ``documents=None``; the template writes its own BOS, so none is
+added. Without a template a prompt is framed by tokenizer.json's own post-processor,
+as transformers' ``tokenizer(prompt)`` frames it (transformers 5 ignores
+``add_bos_token`` once tokenizer.json has one: tests/trainer/test_hf_chat_render.py).
 
 Special tokens come from tokenizer_config.json (``bos_token``, ``eos_token``,
-``pad_token``, as strings or ``{"content": ...}``), then config.json's
+``pad_token``, ``unk_token``, ..., as strings or ``{"content": ...}``), overridden by
+special_tokens_map.json as transformers reads them, then config.json's
 ``*_token_id``. A response ends at EOS or at any id of generation_config.json's
 ``eos_token_id`` (an int or a list: Llama 3.1 Instruct stops at <|eot_id|> and
 <|eom_id|> too, Qwen3 at <|im_end|> and <|endoftext|>), as transformers'
@@ -45,10 +50,22 @@ PROBE_CONVERSATIONS: tuple[tuple[tuple[str, str], ...], ...] = (
 )
 
 
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: the named tokens a chat template sees.
+SPECIAL_TOKEN_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value if isinstance(value, str) else None
+
+
+def special_token_texts(folder: Path, tok_cfg: dict[str, Any]) -> dict[str, str]:
+    """name -> text of the named special tokens the tokenizer has: tokenizer_config.json's
+    ``{name}_token``, special_tokens_map.json's over them (transformers reads both so)."""
+    merged = {**tok_cfg, **_read_json(folder / "special_tokens_map.json")}
+    texts = {name: _token_text(merged.get(f"{name}_token")) for name in SPECIAL_TOKEN_NAMES}
+    return {name: text for name, text in texts.items() if text is not None}
 
 
 class CheckpointTokenizer:
@@ -69,23 +86,18 @@ class CheckpointTokenizer:
             raise FieldError([(SOURCE, f"tokenizer.json does not load: {exc}")]) from None
         tok_cfg = _read_json(folder / "tokenizer_config.json")
         model_cfg = _read_json(folder / "config.json")
-        # tokenizer_config.json's add_bos_token: false means prompts get no BOS even
-        # when the tokenizer has one (transformers honours it; absent = add it).
-        self.add_bos = tok_cfg.get("add_bos_token", True) is not False
-        self._special_text = {
-            name: _token_text(tok_cfg.get(f"{name}_token")) for name in ("bos", "eos")
-        }
+        self._special_text = special_token_texts(folder, tok_cfg)
         self._template = _sandboxed_template(folder, tok_cfg) if chat_template else None
         self.template_kwargs = dict(template_kwargs or {})
         self._rendered: dict[tuple[tuple[str, str], ...], str] = {}  # conversation -> text
 
         def special(name: str) -> int | None:
-            text = _token_text(tok_cfg.get(f"{name}_token"))
+            text = self._special_text.get(name)
             if text is not None:
                 token_id = self._tok.token_to_id(text)
                 if token_id is None:
                     raise FieldError(
-                        [(SOURCE, f"tokenizer_config.json {name}_token {text!r} is not a token")]
+                        [(SOURCE, f"the tokenizer's {name}_token {text!r} is not a token")]
                     )
                 return token_id
             value = model_cfg.get(f"{name}_token_id")
@@ -140,15 +152,20 @@ class CheckpointTokenizer:
         self._rendered[turns] = text
         return text
 
-    def _variables(self, turns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    def _variables(
+        self, turns: tuple[tuple[str, str], ...], add_generation_prompt: bool = True
+    ) -> dict[str, Any]:
         """What the template is given: what ``apply_chat_template(messages,
-        add_generation_prompt=True, **chat_template_kwargs)`` passes it."""
+        add_generation_prompt=..., **chat_template_kwargs)`` passes it: the named
+        special tokens the tokenizer has (an unset one stays undefined), the kwargs
+        over them, the messages, ``tools`` and ``documents`` as None."""
         return {
+            **{f"{name}_token": text for name, text in self._special_text.items()},
             **self.template_kwargs,
             "messages": [{"role": role, "content": content} for role, content in turns],
-            "add_generation_prompt": True,
-            "bos_token": self._special_text["bos"] or "",
-            "eos_token": self._special_text["eos"] or "",
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
         }
 
     def probe_template(self) -> None:
@@ -173,14 +190,37 @@ class CheckpointTokenizer:
         """Token ids of a conversation rendered by the template (it writes its own BOS)."""
         return self._tok.encode(self.render_conversation(messages), add_special_tokens=False).ids
 
+    def encode_chat(
+        self, messages: Iterable[tuple[str, str]], add_generation_prompt: bool = False
+    ) -> tuple[list[int], list[int]]:
+        """(ids, assistant mask) of a conversation through the chat template, as
+        ``apply_chat_template(..., tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True)`` gives them (TRL's assistant-only loss): 1
+        on every token that overlaps a ``{% generation %}`` block's text, else 0; all
+        0 for a template without the tag."""
+        if self._template is None:
+            raise FieldError(
+                [("model.chat_template", "a conversation needs the chat template turned on")]
+            )
+        turns = tuple((role, content) for role, content in messages)
+        try:
+            text, spans = self._template.render_spans(self._variables(turns, add_generation_prompt))
+        except TemplateRefused as exc:
+            raise FieldError(
+                [("model.chat_template", f"the chat template refused a conversation: {exc}")]
+            ) from None
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return encoding.ids, assistant_mask(encoding.offsets, spans)
+
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
-        """Token ids of ``text`` (no automatic specials), framed on request; a
-        prompt (``bos``) goes through the chat template when one is used."""
+        """Token ids of ``text``, EOS appended on request. A prompt (``bos``) goes
+        through the chat template when one is used, else it is framed by
+        tokenizer.json's post-processor (its BOS, if it adds one), as
+        ``tokenizer(prompt)`` is in transformers; other text gets no specials."""
         if bos and self._template is not None:
-            text = self.render_prompt(text)
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        if bos and self._template is None and self.bos_id is not None and self.add_bos:
-            ids.insert(0, self.bos_id)
+            ids = self._tok.encode(self.render_prompt(text), add_special_tokens=False).ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=bos).ids
         if eos:
             ids.append(self.eos_id)
         return ids
@@ -200,8 +240,28 @@ class CheckpointTokenizer:
             kept.append(token)
         return self._tok.decode(kept, skip_special_tokens=False)
 
+    def close(self) -> None:
+        """End the chat template's rendering process (a tokenizer used only to check)."""
+        if self._template is not None:
+            self._template.close()
+
     def __repr__(self) -> str:
         return f"CheckpointTokenizer({self.folder}, vocab_size={self.vocab_size})"
+
+
+def assistant_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for each token whose character range (``offsets``) overlaps a span, in one pass
+    over both (sorted) lists: transformers' ``return_assistant_tokens_mask`` rule."""
+    mask = [0] * len(offsets)
+    span = 0
+    for index, (start, end) in enumerate(offsets):
+        while span < len(spans) and start >= spans[span][1]:
+            span += 1
+        if span == len(spans):
+            break
+        if end > spans[span][0]:
+            mask[index] = 1
+    return mask
 
 
 def _stop_ids(eos_id: int, generation_config: dict[str, Any]) -> tuple[int, ...]:
@@ -283,15 +343,59 @@ def checkpoint_tokenizer(cfg: ModelConfig) -> CheckpointTokenizer | None:
 
 def install_checkpoint_tokenizer(task: Any, cfg: ExperimentConfig) -> None:
     """Make ``task`` speak the checkpoint's tokens (no-op for the builtin model),
-    then check the lengths again in those tokens (prompt + max_new_tokens must
-    fit max_seq_len; validation counted the lab's characters)."""
-    from trainer.tasks.factory import check_lengths
-
+    then check it in those tokens (``task_errors_in_tokens``): validation counted
+    the lab's characters."""
     tokenizer = checkpoint_tokenizer(cfg.model)
     if tokenizer is None:
         task.tokens_known()  # the builtin model: the task's own tokens are the run's
         return
     task.tokenizer = tokenizer
-    errors = check_lengths(cfg, task)
+    errors = task_errors_in_tokens(cfg, task)
     if errors:
         raise FieldError(errors)
+
+
+def checkpoint_task_errors(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """What a run of ``cfg`` would be refused for when it starts on its checkpoint,
+    found before it is queued (the platform's config gate, ``lab.configs``): the
+    task built and spoken in the checkpoint's tokens (``task_errors_in_tokens``).
+    Torch-free; [] for the builtin model."""
+    if cfg.model.source == "builtin":
+        return []
+    from trainer.tasks.factory import make_task
+
+    task = make_task(cfg.task)
+    tokenizer = checkpoint_tokenizer(cfg.model)
+    try:
+        task.tokenizer = tokenizer
+        return task_errors_in_tokens(cfg, task)
+    finally:
+        tokenizer.close()
+
+
+ANSWER_SAMPLE = 16  # held-out problems whose perfect response must survive the tokenizer
+
+
+def task_errors_in_tokens(cfg: ExperimentConfig, task: Any) -> list[tuple[str, str]]:
+    """A task on a checkpoint's tokenizer: the lengths (prompt + ``rollout.max_new_tokens``
+    within ``model.max_seq_len``, the longest supervised response with EOS within
+    ``rollout.max_new_tokens``: ``trainer.tasks.factory.check_lengths``), then the
+    answer format: a perfect response (the supervised target), encoded and decoded,
+    must still score as correct, else no sampled response ever could (a tokenizer
+    that cannot write ``####`` or the answer's digits)."""
+    from trainer.tasks.factory import check_lengths
+
+    errors = check_lengths(cfg, task)
+    for problem in task.eval_set()[:ANSWER_SAMPLE]:
+        written = task.tokenizer.decode(task.tokenizer.encode(problem.target, bos=False))
+        if not task.is_correct(problem, written):
+            errors.append(
+                (
+                    SOURCE,
+                    f"the checkpoint's tokenizer cannot write this task's answers: the "
+                    f"correct response {problem.target[-80:]!r} decodes as "
+                    f"{written[-80:]!r}, which the verifier does not score as correct",
+                )
+            )
+            break
+    return errors

@@ -21,7 +21,23 @@ from trainer.errors import FieldError
 from trainer.hf.export import DTYPES, export_hf
 from trainer.hf.files import read_json_file
 from trainer.run.checkpoint import checkpoint_path, load_checkpoint, read_sharded_policy
-from trainer.run_folder.files import CONFIG_FILE
+from trainer.run_folder.files import CONFIG_FILE, METRICS_FILE
+
+
+def check_out_folder(run_dir: Path, out: Path) -> None:
+    """``out`` may not be the run folder, a folder holding it, or another run's folder:
+    an export writes (and with ``--replace`` removes) all of ``out``, and once deleted
+    the run it was meant to copy (or another one) with it."""
+    run, target = run_dir.resolve(), out.resolve()
+    if target == run or target in run.parents:
+        raise FieldError(
+            [("--out", f"{out} holds the run folder {run_dir}; export into a new folder "
+                       f"(e.g. {run_dir / 'exports' / 'step<N>'})")]
+        )  # fmt: skip
+    if (target / CONFIG_FILE).exists() and (
+        (target / METRICS_FILE).exists() or checkpoint_path(target).exists()
+    ):
+        raise FieldError([("--out", f"{out} is a run folder; export into a new folder")])
 
 
 def export_run(
@@ -33,6 +49,7 @@ def export_run(
     needs neither the run's data file nor its reward module.
     """
     config_file = run_dir / CONFIG_FILE
+    check_out_folder(run_dir, out)
     if not config_file.exists():
         raise FieldError([("RUN_DIR", f"{run_dir} has no {CONFIG_FILE}; is it a run folder?")])
     if dtype not in DTYPES:

@@ -408,6 +408,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
             K.TIME_MISMATCH_S: t_measure - t_rollout,
             K.TIME_TRAIN_S: t_train - t_measure,
             K.TIME_STEP_S: t_train - t0,
+            K.TIME_WALL: time.time(),  # the wall-clock axis of the run's charts
             K.THROUGHPUT_TOKENS_PER_S: n_response_tokens / max(t_rollout - t0, 1e-9),
         }
     )

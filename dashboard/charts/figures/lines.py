@@ -33,6 +33,7 @@ from dashboard.charts.style import (
     share_tickformat,
     step_axis,
 )
+from dashboard.charts.time_axis import TimeAxis
 from trainer import metric_keys as mk
 
 
@@ -71,6 +72,7 @@ def metric_lines(
     colors: Mapping[str, str] | None = None,
     title: str | None = None,
     uirevision: str | None = None,
+    time_axis: TimeAxis | None = None,
 ) -> go.Figure:
     """One metric, every run overlaid.
 
@@ -78,14 +80,17 @@ def metric_lines(
     dashed and first in the legend. collapse_markers: label -> collapse step
     and reason, drawn as a dashed vertical line in the run's colour, an x on
     the curve whose hover gives the reason, and a labelled annotation.
+    time_axis: place each run's steps at their wall-clock or relative times
+    (dashboard/charts/time_axis.py); default the step axis.
     """
+    timed = time_axis is not None and time_axis.is_time
     if baseline is not None and baseline not in series_by_run:
         raise ValueError(f"baseline {baseline!r} is not one of the runs drawn")
     layout = base_layout(
         title=title or metric_title(key),
         x_title="step",
         y_title=metric_title(key),
-        uirevision=uirevision or key,
+        uirevision=(uirevision or key) + (f"|{time_axis.mode}" if timed else ""),
     )
     layout["yaxis"].update(metric_axis(key))
     order = list(series_by_run)
@@ -102,8 +107,9 @@ def metric_lines(
         # Shown in the registry's unit (KL ×1e-3), as in the stability table.
         arrays[label] = (np.asarray(steps), as_float_array(values) * mk.metric_spec(key).scale)
         color = BASELINE_COLOR if label == baseline else color_of(label, colors)
+        x = time_axis.x(label, arrays[label][0]) if timed else arrays[label][0]
         traces.append(
-            _run_trace(label, *arrays[label], color, label == baseline, hover_format(key))
+            _run_trace(label, x, arrays[label][1], color, label == baseline, hover_format(key))
         )
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -112,16 +118,19 @@ def metric_lines(
             continue
         marker = _marker(raw)
         color = BASELINE_COLOR if label == baseline else color_of(label, colors)
-        shapes.append(_collapse_line(marker, color))
-        annotations.append(_collapse_annotation(label, marker, color, row=i))
+        x_at = float(time_axis.x(label, [marker.step])[0]) if timed else marker.step
+        shapes.append(_collapse_line(x_at, color))
+        annotations.append(_collapse_annotation(label, marker, color, row=i, x=x_at))
         y_at = _value_at(*arrays[label], marker.step)
         if y_at is not None:
-            traces.append(_collapse_point(label, marker, color, y_at))
+            traces.append(_collapse_point(label, marker, color, y_at, x=x_at))
     if shapes:
         layout["shapes"] = shapes
     if annotations:
         layout["annotations"] = annotations
-    layout["xaxis"].update(step_axis([x for x, _ in arrays.values()]))
+    layout["xaxis"].update(
+        time_axis.axis() if timed else step_axis([x for x, _ in arrays.values()])
+    )
     if mk.metric_spec(key).is_share:
         layout["yaxis"]["tickformat"] = share_tickformat(y for _, y in arrays.values())
     flat = constant_range((y for _, y in arrays.values()), share=mk.metric_spec(key).is_share)
@@ -153,12 +162,13 @@ def _collapse_hover(label: str, marker: CollapseMarker) -> str:
     return f"{label} collapsed at step {marker.step}: {reason}"
 
 
-def _collapse_line(marker: CollapseMarker, color: str) -> dict[str, Any]:
-    """A dotted vertical line at the collapse step (what fig.add_vline draws)."""
+def _collapse_line(x: float, color: str) -> dict[str, Any]:
+    """A dotted vertical line at the collapse (what fig.add_vline draws), at ``x``: its
+    step, or that step's time."""
     return {
         "type": "line",
-        "x0": marker.step,
-        "x1": marker.step,
+        "x0": x,
+        "x1": x,
         "xref": "x",
         "y0": 0,
         "y1": 1,
@@ -168,11 +178,11 @@ def _collapse_line(marker: CollapseMarker, color: str) -> dict[str, Any]:
 
 
 def _collapse_annotation(
-    label: str, marker: CollapseMarker, color: str, *, row: int
+    label: str, marker: CollapseMarker, color: str, *, row: int, x: float
 ) -> dict[str, Any]:
     """The collapse's label at the top of the chart, one row per collapsed run."""
     return {
-        "x": marker.step,
+        "x": x,
         "xref": "x",
         "y": 1 - 0.07 * row,
         "yref": "paper",
@@ -186,11 +196,13 @@ def _collapse_annotation(
     }
 
 
-def _collapse_point(label: str, marker: CollapseMarker, color: str, y_at: float) -> dict[str, Any]:
+def _collapse_point(
+    label: str, marker: CollapseMarker, color: str, y_at: float, *, x: float
+) -> dict[str, Any]:
     """An x on the run's curve at the collapse step; its hover gives the reason."""
     return {
         "type": "scatter",
-        "x": [marker.step],
+        "x": [x],
         "y": [y_at],
         "mode": "markers",
         "name": f"{label} collapse",

@@ -14,11 +14,19 @@ from dashboard.charts.style import BASELINE_COLOR, assign_colors, metric_title
 from dashboard.review import queries as q
 from dashboard.review.models import SavedComparison
 from dashboard.review.run_facts import run_model_facts
-from dashboard.web.views.page_common import LIVE_INTERVAL_MS, chart_entry, page_params, page_url
+from dashboard.web.views.page_common import (
+    LIVE_INTERVAL_MS,
+    chart_entry,
+    page_params,
+    page_url,
+    x_axis_links,
+)
 from dashboard.web.views.params import ComparePageQuery, parse
 
 
-def _compare_context(ids: list[int], baseline_id: int | None, chosen_layer: int | None) -> dict:
+def _compare_context(
+    ids: list[int], baseline_id: int | None, chosen_layer: int | None, x: str = "step"
+) -> dict:
     runs = q.runs_in_order(ids)
     ids = [r.pk for r in runs]
     if baseline_id not in ids:
@@ -27,10 +35,11 @@ def _compare_context(ids: list[int], baseline_id: int | None, chosen_layer: int 
     colors = assign_colors(labels.values())
     run_param = ",".join(map(str, ids))
     keys = keys_for_runs([r.config for r in runs]) if runs else []
+    x_param = None if x == "step" else x
     charts = [
         chart_entry(
             chart_id("chart", key),
-            page_url("compare_chart", runs=run_param, key=key, baseline=baseline_id),
+            page_url("compare_chart", runs=run_param, key=key, baseline=baseline_id, x=x_param),
             metric_title(key),
         )
         | {"key": key}
@@ -68,7 +77,13 @@ def _compare_context(ids: list[int], baseline_id: int | None, chosen_layer: int 
         "baseline_id": baseline_id,
         "charts": charts,
         # every metric chart's data in one read and one response (live.js LiveGroup)
-        "group_url": page_url("compare_charts", runs=run_param, baseline=baseline_id),
+        "group_url": page_url("compare_charts", runs=run_param, baseline=baseline_id, x=x_param),
+        "x_axes": x_axis_links(
+            x,
+            lambda mode: page_url(
+                "compare", runs=run_param, baseline=baseline_id, layer=chosen_layer, x=mode
+            ),
+        ),
         "heatmaps": heatmaps,
         "shared_load_scale": SHARED_LOAD_SCALE,
         "layers": all_layers,
@@ -86,7 +101,7 @@ def _compare_context(ids: list[int], baseline_id: int | None, chosen_layer: int 
 def compare(request: HttpRequest) -> HttpResponse:
     """Any set of runs: one chart per metric, config diff, heatmaps side by side."""
     query = parse(ComparePageQuery, request)
-    context = _compare_context(query.runs, query.baseline, query.layer)
+    context = _compare_context(query.runs, query.baseline, query.layer, query.x)
     return render(request, "dashboard/compare.html", context | {"comparison": None})
 
 

@@ -31,7 +31,9 @@ from dashboard.charts.figures.collapse import dose_response
 from dashboard.charts.stability import stability_table_rows
 from dashboard.charts.stability_stats import dose_layout, survival_rows
 from dashboard.charts.style import assign_colors, variant_colors
+from dashboard.charts.time_axis import TimeAxis
 from dashboard.review import queries as q
+from dashboard.review.clocks import step_clocks
 from dashboard.review.emptiness import empty_reason
 from dashboard.review.phase import phase_line, progress_bar
 from dashboard.review.seeds import split_seeds
@@ -91,6 +93,14 @@ def _slug(key: str) -> str:
     return key.replace("/", "_")
 
 
+def _time_axis(mode: str, runs: Sequence[Run], key: str, labels: dict[int, str]) -> TimeAxis:
+    """The x axis of a line chart: steps, or each run's steps at their times."""
+    if mode == "step":
+        return TimeAxis()
+    clocks = step_clocks(runs, key)
+    return TimeAxis(mode, {labels[r.pk]: clocks[r.pk] for r in runs if r.pk in clocks})
+
+
 def _baseline_for(chosen: int | None, run: Run) -> Run | None:
     """``?baseline=<id>`` (0: none), else the run's experiment's pinned baseline."""
     if chosen is None:
@@ -121,6 +131,7 @@ def run_chart(request: HttpRequest, run_id: int) -> HttpResponse:
         collapse_markers=markers,
         colors=assign_colors([labels[run.pk]]),
         empty_message=empty_reason(run, key),
+        time_axis=_time_axis(query.x, runs, key, labels),
     )
     return chart_response(query, fig, running=run.is_active, filename=f"run-{run.pk}-{_slug(key)}")
 
@@ -197,6 +208,7 @@ def compare_chart(request: HttpRequest) -> HttpResponse:
         baseline=labels.get(baseline_id) if baseline_id else None,
         collapse_markers={labels[r.pk]: m for r in runs if (m := q.collapse_marker(r))},
         colors=assign_colors(labels.values()),
+        time_axis=_time_axis(query.x, runs, key, labels),
     )
     return chart_response(
         query, fig, running=any(r.is_active for r in runs), filename=f"compare-{_slug(key)}"
@@ -229,6 +241,7 @@ def compare_charts(request: HttpRequest) -> HttpResponse:
                 baseline=labels.get(baseline_id) if baseline_id else None,
                 collapse_markers=markers,
                 colors=colors,
+                time_axis=_time_axis(query.x, runs, key, labels),
             ),
             running=running,
         )

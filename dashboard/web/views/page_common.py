@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import reverse
 from django.utils.html import escape
 
+from dashboard.charts.time_axis import X_MODE_TITLES, X_MODES
 from trainer.errors import FieldError
 
 LIVE_INTERVAL_MS = 5000
@@ -42,6 +43,21 @@ def page_url(name: str, args: Sequence = (), **query) -> str:
     base = reverse(f"dashboard:{name}", args=list(args))
     query = {k: v for k, v in query.items() if v is not None and v != ""}
     return f"{base}?{urlencode(query)}" if query else base
+
+
+def x_axis_links(current: str, url_of: Callable[[str | None], str]) -> list[dict]:
+    """The x-axis choices of a page's line charts (dashboard/charts/time_axis.py): each
+    mode's title, the page's URL with it (``url_of(None)`` for steps, the default)
+    and whether it is the one shown."""
+    return [
+        {
+            "mode": mode,
+            "title": X_MODE_TITLES[mode],
+            "url": url_of(None if mode == "step" else mode),
+            "current": mode == current,
+        }
+        for mode in X_MODES
+    ]
 
 
 def chart_entry(chart_id_: str, url: str, title: str = "") -> dict[str, str]:

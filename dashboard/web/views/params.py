@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 from dashboard.charts.build import DEFAULT_MAX_POINTS, Window
 from dashboard.charts.export import EXPORT_FORMATS
 from dashboard.charts.panels import METRIC_KEY_RE
+from dashboard.charts.time_axis import X_MODES
 from dashboard.review.queries import SORTS
 from lab.inputs.query import (
     OptionalWholeNumber,
@@ -111,11 +112,17 @@ class ChartQuery(Query):
             raise FieldError([(field, str(exc))]) from None
 
 
+# The x axis of a line chart (dashboard/charts/time_axis.py): steps, wall-clock time or
+# time since each run started.
+XAxis = one_of(*X_MODES)
+
+
 class RunChartQuery(ChartQuery):
     """One metric of a run; ``baseline`` 0 hides the pinned baseline."""
 
     key: MetricKey = Field("", validate_default=True)  # missing: the same message as bad
     baseline: OptionalWholeNumber = None
+    x: XAxis = "step"
 
 
 class HeatmapQuery(ChartQuery):
@@ -134,6 +141,7 @@ class CompareChartQuery(ChartQuery):
     runs: RunIds = []
     key: MetricKey = Field("", validate_default=True)
     baseline: OptionalWholeNumber = None
+    x: XAxis = "step"
 
 
 class CompareChartsQuery(ChartQuery):
@@ -142,6 +150,7 @@ class CompareChartsQuery(ChartQuery):
     runs: RunIds = []
     keys: Annotated[list[str], BeforeValidator(_metric_keys)] = Field("", validate_default=True)
     baseline: OptionalWholeNumber = None
+    x: XAxis = "step"
 
     @model_validator(mode="after")
     def _drawn_whole(self) -> CompareChartsQuery:
@@ -216,6 +225,39 @@ class RunsListQuery(Query):
 
 class RunPageQuery(Query):
     baseline: OptionalWholeNumber = None
+    x: XAxis = "step"
+
+
+def _columns(limit: int) -> Any:
+    def check(value: Any) -> list[str]:
+        names = list(dict.fromkeys(comma_separated(value)))
+        if len(names) > limit or any(len(n) > 250 for n in names):
+            raise ValueError(f"at most {limit} columns of up to 250 characters")
+        return names
+
+    return Annotated[list[str], BeforeValidator(check)]
+
+
+class RunsTableQuery(Query):
+    """An experiment's runs table and its parallel coordinates: the hyperparameter and
+    metric columns (``params=a,b&metrics=x,y``; none given: the defaults), an MLflow
+    search filter, the sort column (``param:<key>``, ``metric:<key>`` or a fixed one)
+    and order, the metric the parallel lines are coloured by, a CSV download."""
+
+    params: _columns(12) = []
+    metrics: _columns(12) = []
+    filter: Annotated[str, _trimmed(2000)] = ""
+    sort: Annotated[str, _trimmed(260)] = "run"
+    order: one_of("asc", "desc") = "asc"
+    color: Annotated[str, _trimmed(250)] = ""
+    format: one_of("", "csv") = ""
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, value: list[str]) -> list[str]:
+        if not all(METRIC_KEY_RE.match(k) for k in value):
+            raise ValueError("metrics must be metric keys, e.g. metrics=reward/mean")
+        return value
 
 
 class VariantPageQuery(Query):
@@ -226,6 +268,7 @@ class ComparePageQuery(Query):
     runs: RunIds = []
     baseline: OptionalWholeNumber = None
     layer: OptionalWholeNumber = None
+    x: XAxis = "step"
 
     @field_validator("layer")
     @classmethod

@@ -17,15 +17,23 @@ from dashboard.charts.panels import chart_id, moe_layers, sections_for
 from dashboard.charts.style import metric_title
 from dashboard.review import queries as q
 from dashboard.review import services
+from dashboard.review.external import SYSTEM_PREFIX, external_facts
 from dashboard.review.models import VerdictLabel
 from dashboard.review.phase import phase_line, progress_bar
 from dashboard.review.run_facts import export_command, run_model_facts
-from dashboard.web.views.page_common import LIVE_INTERVAL_MS, chart_entry, page_params, page_url
+from dashboard.web.views.page_common import (
+    LIVE_INTERVAL_MS,
+    chart_entry,
+    page_params,
+    page_url,
+    x_axis_links,
+)
 from dashboard.web.views.params import RunPageQuery, RunsListQuery, parse
 from lab.experiments import rights
 from lab.experiments.models import Experiment
 from lab.jobs.queries import placement_text, waiting_reason
 from lab.runs.models import Run, RunStatus
+from trainer import metric_keys as mk
 from trainer.errors import FieldError
 
 RUNS_PER_PAGE = 50
@@ -92,7 +100,9 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
     """Everything dashboard/run_detail.html needs (the platform's keys included), so
     another view can render the same page."""
     pinned = q.pinned_baselines([run.experiment_id]).get(run.experiment_id)
-    chosen = parse(RunPageQuery, request).baseline
+    page_query = parse(RunPageQuery, request)
+    chosen, x = page_query.baseline, page_query.x
+    x_param = None if x == "step" else x
     baseline_id = pinned if chosen is None else chosen
     baseline = None
     if baseline_id and baseline_id != run.pk:
@@ -104,7 +114,7 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
             "charts": [
                 chart_entry(
                     chart_id("chart", key),
-                    page_url("run_chart", [run.pk], key=key, baseline=baseline_param),
+                    page_url("run_chart", [run.pk], key=key, baseline=baseline_param, x=x_param),
                     metric_title(key),
                 )
                 for key in section.keys
@@ -154,4 +164,34 @@ def run_page_context(request: HttpRequest, run: Run) -> dict:
         "compare_url": page_url("compare", runs=f"{run.pk},{baseline.pk}", baseline=baseline.pk)
         if baseline
         else "",
+        "x_axes": x_axis_links(x, lambda mode: page_url("run", [run.pk], baseline=chosen, x=mode)),
+        **_external_context(run, x_param),
+    }
+
+
+def _external_context(run: Run, x_param: str | None) -> dict:
+    """The run page's parts for a run trained elsewhere (dashboard/review/external.py):
+    nested runs, artifacts and logged models, system metrics (drawn on the wall clock
+    unless another time axis is chosen), distributions, what an import skipped."""
+    facts = external_facts(run)
+    if facts is None:
+        return {"external": None}
+    return {
+        "external": facts,
+        "system_charts": [
+            chart_entry(
+                chart_id("system", key),
+                page_url("run_chart", [run.pk], key=key, baseline=0, x=x_param or "wall"),
+                key.removeprefix(SYSTEM_PREFIX),
+            )
+            for key in facts.system_keys
+        ],
+        "distribution_charts": [
+            chart_entry(
+                chart_id("dist", key),
+                page_url("run_distribution", [run.pk], key=key),
+                key.removeprefix(mk.DISTRIBUTION_PREFIX),
+            )
+            for key in facts.distributions
+        ],
     }

@@ -27,12 +27,14 @@ from trainer.errors import FieldError
 
 def _verdict_rows(runs: Sequence[Run]) -> list[dict]:
     verdicts = q.latest_verdicts(r.pk for r in runs)
+    parents = q.parents_of([r.pk for r in runs if r.is_external])
     return [
         {
             "run": r,
             "variant": q.variant_of(r),
             "verdict": verdicts.get(r.pk),
             "label": q.run_label(r),
+            "parent_id": parents.get(r.pk),
         }
         for r in runs
     ]

@@ -15,6 +15,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from lab.api.middleware import database_unreachable, unavailable_response
 from lab.experiments.rights import NotAllowed
 from lab.runs.lifecycle import IdempotencyConflict, InvalidState
 from trainer.errors import FieldError
@@ -63,6 +64,10 @@ def json_exception_handler(exc, context):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
+    if database_unreachable(exc):  # a restart or failover: clients retry, no traceback
+        request = context.get("request")
+        logger.warning("database unreachable: %s", exc)
+        return unavailable_response(request.path if request is not None else "/api/")
     response = exception_handler(exc, context)
     if response is None:
         # Not an API error: Django answers 500. Logged here with the view and the

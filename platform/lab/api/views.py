@@ -38,10 +38,10 @@ from lab.runs.models import ACTIVE_STATUSES, Comment, Run, RunStatus
 from lab.runs.queue_order import in_queue_order
 from trainer.config import json_schema
 from trainer.config.presets import list_presets, preset_dict
+from trainer.metric_keys import METRIC_NAME
 
-# MLflow's metric-name alphabet (spaces and colons too: TRL's "profiling/Time taken: ..."),
-# up to the metric store's 200-character key.
-METRIC_KEY = re.compile(r"^[A-Za-z0-9_./: -]{1,200}$")
+# the metric store's names (trainer/metric_keys.py METRIC_NAME)
+METRIC_KEY = re.compile(rf"^{METRIC_NAME.pattern}$")
 MAX_METRIC_KEYS = 64
 DEFAULT_MAX_POINTS = 1000  # per key, when the client does not say
 

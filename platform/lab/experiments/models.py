@@ -6,8 +6,19 @@ from django.conf import settings
 from django.db import models
 
 
+class LiveExperimentManager(models.Manager):
+    """Experiments not deleted (``Experiment.objects``): what every page lists."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(deleted_at__isnull=True)
+
+
 class Experiment(models.Model):
-    """A question a team studies; its runs share a base config."""
+    """A question a team studies; its runs share a base config.
+
+    ``deleted_at``: deleted through MLflow's ``experiments/delete`` (with its runs),
+    kept until ``experiments/restore``; ``Experiment.objects`` leaves it out,
+    ``Experiment.all_objects`` finds it."""
 
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -27,8 +38,18 @@ class Experiment(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    deleted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Set when deleted through MLflow's experiments/delete: hidden from every "
+        "page (its runs too) until experiments/restore.",
+    )
+
+    objects = LiveExperimentManager()
+    all_objects = models.Manager()
 
     class Meta:
+        base_manager_name = "all_objects"
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["owner", "-created_at"])]
 

@@ -36,6 +36,10 @@ class RunStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # An external run that sent nothing for LAB_EXTERNAL_LOST_AFTER_S: its outcome is
+    # unknown (not a seed of the stability review); it is running again if it reports
+    # again, or its owner ends it from its page.
+    LOST = "lost"
 
 
 class RunOrigin(models.TextChoices):
@@ -47,8 +51,20 @@ ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
 FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
+class LiveRunManager(models.Manager):
+    """Runs not deleted: every page, list and review reads these (``Run.objects``)."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(deleted_at__isnull=True)
+
+
 class Run(models.Model):
-    """One training run. Collapse is a result (summary.collapsed), not a status."""
+    """One training run. Collapse is a result (summary.collapsed), not a status.
+
+    ``deleted_at``: an external run deleted through MLflow's ``runs/delete`` is
+    kept (soft delete) until restored (``runs/restore``); ``Run.objects`` (the
+    default manager, also behind ``experiment.runs``) leaves it out everywhere,
+    ``Run.all_objects`` still finds it."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     sweep = models.ForeignKey(
@@ -123,7 +139,9 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
-    current_step = models.IntegerField(default=0, help_text="Steps whose metrics are stored.")
+    current_step = models.BigIntegerField(
+        default=0, help_text="Steps whose metrics are stored (the last step + 1)."
+    )
     phase = models.CharField(
         max_length=16,
         blank=True,
@@ -135,12 +153,12 @@ class Run(models.Model):
         blank=True,
         help_text="The trainer's progress.json: warmstart/step, accuracy, target, eta_s, cached.",
     )
-    metric_chunks_sealed = models.PositiveIntegerField(
+    metric_chunks_sealed = models.PositiveBigIntegerField(
         default=0,
         help_text="Leading chunks of CHUNK_STEPS steps whose metrics are kept as columns "
         "(MetricColumn); steps from chunk number metric_chunks_sealed on are read from rows.",
     )
-    total_steps = models.IntegerField()
+    total_steps = models.BigIntegerField()
     summary = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     field_errors = models.JSONField(
@@ -166,8 +184,18 @@ class Run(models.Model):
         '{"client": "mlflow-python-client/3.1", "framework": "verl", "host": "10.0.0.7", '
         '"source_name": "main_ppo.py"}; empty for a lab run.',
     )
+    deleted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Set when deleted through MLflow's runs/delete (or with its experiment): "
+        "hidden from every page until runs/restore.",
+    )
+
+    objects = LiveRunManager()
+    all_objects = models.Manager()
 
     class Meta:
+        base_manager_name = "all_objects"
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["queue", "status", "-priority", "created_at"]),
@@ -233,7 +261,7 @@ class MetricStep(models.Model):
     """All metrics of one step of one run: {"reward/accuracy": 0.4, "experts/load/L0": [...]}."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_steps")
-    step = models.IntegerField()
+    step = models.BigIntegerField()  # an external run's steps reach 2^53 - 1 (tracking/payload.py)
     values = models.JSONField()
 
     class Meta:
@@ -275,7 +303,7 @@ class MetricColumn(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_columns")
     key = models.CharField(max_length=200, blank=True)
-    chunk = models.PositiveIntegerField()
+    chunk = models.PositiveBigIntegerField()
     steps = models.BinaryField()
     values = models.BinaryField()
 
@@ -332,7 +360,7 @@ class CheckpointExport(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
-    step = models.IntegerField(help_text="RL steps of the checkpoint exported.")
+    step = models.BigIntegerField(help_text="RL steps of the checkpoint exported.")
     dtype = models.CharField(max_length=16, default="float32")
     status = models.CharField(
         max_length=16, choices=ExportStatus.choices, default=ExportStatus.QUEUED

@@ -13,6 +13,7 @@ Environment variables:
     LAB_HEARTBEAT_S         worker heartbeat period while a run trains, seconds
     LAB_STALE_AFTER_S       a running run whose heartbeat is older than this is requeued
     LAB_MAX_ATTEMPTS        attempts before a run that keeps losing its worker is failed
+    LAB_EXTERNAL_LOST_AFTER_S  an external run silent this long becomes "lost" (default 3600)
     LAB_LEASE_S             a trainer whose worker stopped renewing its lease stops (default STALE/2)
     LAB_REPUBLISH_AFTER_S   the reconciler re-sends the wake-up of a run queued this long
     LAB_DB_IDLE_TRANSACTION_MS  PostgreSQL ends a session idle in a transaction this long (60000)
@@ -118,6 +119,9 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "lab.api.middleware.PayloadLimitMiddleware",
     "lab.api.middleware.QueryTextMiddleware",
+    # Listed early so its process_exception runs last: a view that cannot reach the
+    # database answers 503 + Retry-After, after every other handler declined.
+    "lab.api.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -207,6 +211,12 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # Largest request body the API and forms accept; bigger ones get a 413 JSON error.
 LAB_MAX_PAYLOAD_BYTES = int(os.environ.get("LAB_MAX_PAYLOAD_BYTES", 256 * 1024))
+# MLflow artifacts (lab/tracking/artifact_store.py): where they are kept ('' = VAR_DIR/artifacts,
+# file:///path, or s3://bucket/prefix with LAB_S3_ENDPOINT_URL for MinIO and the AWS_* credentials),
+# and the largest file one upload may store (an artifact upload is exempt from the payload limit).
+LAB_ARTIFACT_STORE = os.environ.get("LAB_ARTIFACT_STORE", "")
+LAB_S3_ENDPOINT_URL = os.environ.get("LAB_S3_ENDPOINT_URL", "")
+LAB_MAX_ARTIFACT_BYTES = int(os.environ.get("LAB_MAX_ARTIFACT_BYTES", 20 * 1024**3))
 DATA_UPLOAD_MAX_MEMORY_SIZE = LAB_MAX_PAYLOAD_BYTES
 
 # --------------------------------------------------------------------------- REST API
@@ -315,6 +325,9 @@ LAB_LEASE_S = float(os.environ.get("LAB_LEASE_S", LAB_STALE_AFTER_S / 2))
 # gets a new one from the reconciler (the broker lost it).
 LAB_REPUBLISH_AFTER_S = float(os.environ.get("LAB_REPUBLISH_AFTER_S", 60))
 LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
+# An external run (MLflow, TensorBoard import) that sends nothing this long becomes
+# "lost" (its outcome unknown); a write revives it, its owner may end it.
+LAB_EXTERNAL_LOST_AFTER_S = float(os.environ.get("LAB_EXTERNAL_LOST_AFTER_S", 3600))
 LAB_RECONCILE_EVERY_S = float(os.environ.get("LAB_RECONCILE_EVERY_S", 15))
 LAB_METRICS_BATCH = int(os.environ.get("LAB_METRICS_BATCH", 500))
 LAB_POLL_S = float(os.environ.get("LAB_POLL_S", 0.5))

@@ -14,10 +14,15 @@ same quantity as the lab key:
 * lab ``mismatch/kl_k1`` = token mean of log pi_rollout - log pi_train, and
   ``mismatch/kl_k3`` = token mean of r - 1 - log r, r = pi_train / pi_rollout
   (trainer/metric_keys.py). verl's ``rollout_corr/kl`` and ``rollout_corr/k3_kl``
-  and OpenRLHF's ``vllm_kl`` are exactly these. slime's
+  and OpenRLHF's ``vllm_kl`` are exactly these (verl 0.6.0 named them
+  ``mismatch/mismatch_kl`` and ``mismatch_k3_kl``). slime's
   ``train_rollout_logprob_abs_diff`` and TRL's
   ``sampling/sampling_logp_difference/mean`` are the mean ABSOLUTE log-prob
-  difference, another quantity: they stay under their own names.
+  difference, another quantity, stored under its own lab key
+  ``mismatch/logp_abs_diff`` (slime averages each sample's tokens first, TRL all
+  tokens); verl 0.5's ``training/rollout_probs_diff_mean``, the mean absolute
+  PROBABILITY difference, under ``mismatch/prob_abs_diff``. The review shows the
+  best of them a run has, labelled (k3, else k1, else these).
 * ``policy/kl_ref`` is the KL to the reference policy (verl ``actor/kl_loss``,
   slime ``train/kl_loss``, TRL ``kl``, OpenRLHF ``kl``), never the PPO
   old-vs-new KL (``ppo_kl``), which has no lab key and stays as it is.
@@ -38,7 +43,7 @@ vector, which the run page's expert-load heatmap reads.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from trainer import metric_keys as mk
 
@@ -49,7 +54,17 @@ OPENRLHF = "openrlhf"
 
 FRAMEWORK_MAPS: dict[str, dict[str, str]] = {
     VERL: {
-        # verl/trainer/ppo/rollout_corr_helper.py (compute_offpolicy_metrics: "kl" =
+        # verl 0.6.0: verl/trainer/ppo/mismatch_helper.py (compute_mismatch_metrics:
+        # "mismatch_kl" = mean(rollout_log_prob - old_log_prob), "mismatch_k3_kl" =
+        # mean(exp(l) - l - 1), l = old - rollout; compute_rollout_importance_weights:
+        # "rollout_is_mean", "rollout_is_max"; all prefixed "mismatch/"). verl 0.5 logs no
+        # KL to the rollout engine: its "training/rollout_probs_diff_*" (ray_trainer.py,
+        # behind calculate_log_probs) are absolute probability differences, kept as they are.
+        "mismatch/mismatch_kl": mk.MISMATCH_KL_K1,
+        "mismatch/mismatch_k3_kl": mk.MISMATCH_KL_K3,
+        "mismatch/rollout_is_mean": mk.TIS_RATIO_MEAN,
+        "mismatch/rollout_is_max": mk.TIS_RATIO_MAX,
+        # verl >= 0.6.1: verl/trainer/ppo/rollout_corr_helper.py (compute_offpolicy_metrics: "kl" =
         # mean(rollout_log_prob - old_log_prob), "k3_kl" = mean(exp(l) - l - 1) with
         # l = old - rollout; prefixed "rollout_corr/" by compute_rollout_correction_and_add_to_batch)
         "rollout_corr/kl": mk.MISMATCH_KL_K1,
@@ -76,6 +91,9 @@ FRAMEWORK_MAPS: dict[str, dict[str, str]] = {
         # ray_trainer.py times "step" and "gen")
         "timing_s/step": mk.TIME_STEP_S,
         "timing_s/gen": mk.TIME_ROLLOUT_S,
+        # verl 0.5.0: verl/trainer/ppo/ray_trainer.py (fit, with calculate_log_probs:
+        # "training/rollout_probs_diff_mean" = mean |exp(rollout_log_prob) - exp(old_log_prob)|)
+        "training/rollout_probs_diff_mean": mk.MISMATCH_PROB_ABS_DIFF,
     },
     SLIME: {
         # slime/backends/megatron_utils/model.py (train: log_dict[f"train/{role_tag}{key}"] of
@@ -89,6 +107,11 @@ FRAMEWORK_MAPS: dict[str, dict[str, str]] = {
         "train/tis": mk.TIS_RATIO_MEAN,
         "train/tis_clipfrac": mk.TIS_CLIP_FRAC,
         "train/grad_norm": mk.POLICY_GRAD_NORM,
+        # the same file: log_dict[f"train/{role_tag}lr-pg_{param_group_id}"]
+        "train/lr-pg_0": mk.OPTIM_LR,
+        # slime/backends/megatron_utils/loss.py (with --get-mismatch-metrics:
+        # sum_of_sample_mean((log_probs - rollout_log_probs).abs()))
+        "train/train_rollout_logprob_abs_diff": mk.MISMATCH_LOGP_ABS_DIFF,
         # slime/observability/train_metric_utils.py (log_rollout_data: gather_log_data("rollout",
         # ...) of rollout_data["raw_reward"] -> "rollout/raw_reward")
         "rollout/raw_reward": mk.REWARD_MEAN,
@@ -110,6 +133,8 @@ FRAMEWORK_MAPS: dict[str, dict[str, str]] = {
         "completions/mean_length": mk.RESPONSE_LENGTH_MEAN,
         "sampling/importance_sampling_ratio/mean": mk.TIS_RATIO_MEAN,
         "sampling/importance_sampling_ratio/max": mk.TIS_RATIO_MAX,
+        # the same file: mean |old_per_token_logps - sampling_per_token_logps| over tokens
+        "sampling/sampling_logp_difference/mean": mk.MISMATCH_LOGP_ABS_DIFF,
         # trl/trainer/grpo_trainer.py (f"rewards/{reward_func_name}/mean") with
         # trl/rewards/accuracy_rewards.py (def accuracy_reward: 1.0 right, 0.0 wrong)
         "rewards/accuracy_reward/mean": mk.REWARD_ACCURACY,
@@ -146,6 +171,9 @@ FRAMEWORK_MAPS: dict[str, dict[str, str]] = {
         "train/actor_lr": mk.OPTIM_LR,
         "train/reward": mk.REWARD_MEAN,
         "train/response_length": mk.RESPONSE_LENGTH_MEAN,
+        # openrlhf/trainer/ppo_trainer.py (status["timing/generation"], ["timing/step_total"])
+        "train/timing/step_total": mk.TIME_STEP_S,
+        "train/timing/generation": mk.TIME_ROLLOUT_S,
     },
 }
 
@@ -167,6 +195,50 @@ UNAMBIGUOUS: dict[str, str] = {
     for name in _OWNERS
     if "/" in name and len(targets := {FRAMEWORK_MAPS[f][name] for f in _OWNERS[name]}) == 1
 }
+
+# Steps a framework logs on another axis than its training steps, moved onto it in the
+# lab's step rows (the points keep their own step in MLflow's history):
+# TRL times a step's phases (trl/extras/profiling.py: "profiling/Time taken: ...") at
+# the Trainer's global step while that step is being computed, one before the step
+# its metrics land on: they are charted at the step they timed.
+STEP_SHIFT: dict[str, tuple[tuple[str, int], ...]] = {TRL: (("profiling/", 1),)}
+
+
+def step_shift(framework: str, name: str) -> int:
+    """How many steps later than logged a point of ``name`` is charted (STEP_SHIFT)."""
+    for prefix, shift in STEP_SHIFT.get(framework, ()):
+        if name.startswith(prefix):
+            return shift
+    return 0
+
+
+# slime's two step axes (slime/observability/logging_utils.py log(..., step_key)):
+# "train/*" at train/step = rollout_id x steps per rollout + step
+# (slime/backends/megatron_utils/model.py), everything else at rollout/step = the
+# rollout id (slime/observability/metric_utils.py compute_rollout_step; the train
+# axis again under --wandb-always-use-train-step). tracking/tensorboard.py aligns them
+# and keeps [k, rollout axis in train steps] on the run (Run.source).
+SLIME_TRAIN_PREFIX = "train/"
+STEPS_PER_ROLLOUT = "steps_per_rollout"
+
+
+def lab_step_function(framework: str, source: dict) -> Callable[[str, int], int]:
+    """The lab step a point (name, step as logged) is charted at, for a run of this
+    framework and ``Run.source``: slime's axes folded onto its rollouts, TRL's timings
+    moved to the step they timed, every other point at its own step."""
+    aligned = source.get(STEPS_PER_ROLLOUT) if framework == SLIME else None
+    if aligned:
+        k, both = int(aligned[0]), bool(aligned[1])
+
+        def slime_step(name: str, step: int) -> int:
+            return step // k if (both or name.startswith(SLIME_TRAIN_PREFIX)) else step
+
+        return slime_step
+    shifts = STEP_SHIFT.get(framework, ())
+    if not shifts:
+        return lambda name, step: step
+    return lambda name, step: step + step_shift(framework, name)
+
 
 EXPERT_LOAD_SCALAR = re.compile(r"^experts/load/L(\d{1,4})/e(\d{1,5})$")
 

@@ -2,17 +2,23 @@
 
 The run itself is a ``runs.Run`` with ``origin = external`` (its metrics in the
 lab's one metric store, ``runs.MetricStep``, under the lab's keys where
-tracking/metric_map.py maps a name); this row holds the rest of MLflow's view of
-it: tags, the latest value of each metric under the name the client logged,
-the names stored under a lab key, and the millisecond times MLflow clients
-send. Params are the run's ``config["params"]``. Writes:
-tracking/services.py.
+tracking/metric_map.py maps a name); ``TrackedRun`` holds the rest of MLflow's
+view of it: tags, the latest value of each metric under the name the client
+logged, the names stored under a lab key, the millisecond times MLflow clients
+send, its parent (nested runs) and its dataset inputs. Params are the run's
+``config["params"]``. ``MetricPoint`` keeps every logged point as it came
+(MLflow's metric history); ``TrackedExperiment`` an experiment's MLflow tags;
+``LoggedModel``, ``RegisteredModel`` and ``ModelVersion`` MLflow 3's logged
+models and the model registry. Writes: tracking/services.py,
+tracking/experiments.py, tracking/models_services.py.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
+from lab.experiments.models import Experiment
 from lab.runs.models import Run
 
 
@@ -38,6 +44,175 @@ class TrackedRun(models.Model):
     )
     start_time = models.BigIntegerField(null=True, blank=True, help_text="ms since the epoch")
     end_time = models.BigIntegerField(null=True, blank=True, help_text="ms since the epoch")
+    parent = models.ForeignKey(
+        Run,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="tracked_children",
+        help_text="The parent run of a nested run (MLflow's tag mlflow.parentRunId).",
+    )
+    inputs = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="MLflow's dataset inputs (runs/log-inputs): [{dataset: {name, digest, "
+        "source_type, source, schema, profile}, tags: [{key, value}]}], one per digest "
+        "and context.",
+    )
+    outputs = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="MLflow 3's model outputs (runs/outputs): [{model_id, step}].",
+    )
+    deleted_time = models.BigIntegerField(
+        null=True, blank=True, help_text="ms since the epoch; the run's Run.deleted_at"
+    )
+    distributions = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The run's distribution keys (dist/<tag>: imported TensorBoard histograms), "
+        "drawn as distribution panels on the run page.",
+    )
+    import_notes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="What an import could not store, one line each with the reason "
+        "(a TensorBoard text summary, an image, ...).",
+    )
 
     def __str__(self) -> str:
         return f"MLflow record of run {self.run_id}"
+
+
+class TrackedExperiment(models.Model):
+    """MLflow's key-value tags of an experiment (the lab's own ``Experiment.tags`` are
+    labels); made on the first ``set-experiment-tag``."""
+
+    experiment = models.OneToOneField(
+        Experiment, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    tags = models.JSONField(default=dict, blank=True, help_text="{key: value}")
+
+    def __str__(self) -> str:
+        return f"MLflow record of experiment {self.experiment_id}"
+
+
+class NonFinite(models.IntegerChoices):
+    """How a point's value is stored: finite in ``value``, else which IEEE special."""
+
+    FINITE = 0
+    NAN = 1
+    POS_INF = 2
+    NEG_INF = 3
+
+
+class MetricPoint(models.Model):
+    """One metric point exactly as an MLflow client (or a TensorBoard file) logged it:
+    name as logged, step, its own timestamp, value. Two points at one step are two
+    rows; the same point sent twice (a retried batch) is one (the unique key).
+
+    The unique key's index, (run, key, timestamp, step, value, ...), is also the one
+    history reads in MLflow's order: ``WHERE run = ? AND key = ? ORDER BY timestamp,
+    step, value`` (mlflow/store/tracking/sqlalchemy_store.py, get_metric_history)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=250)
+    step = models.BigIntegerField()
+    timestamp = models.BigIntegerField(help_text="ms since the epoch")
+    value = models.FloatField(help_text="0 when the value is not finite (see nonfinite)")
+    nonfinite = models.SmallIntegerField(choices=NonFinite.choices, default=NonFinite.FINITE)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "key", "timestamp", "step", "value", "nonfinite"],
+                name="metric_point_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.key} step {self.step}"
+
+
+class LoggedModelStatus(models.TextChoices):
+    PENDING = "LOGGED_MODEL_PENDING"
+    READY = "LOGGED_MODEL_READY"
+    FAILED = "LOGGED_MODEL_UPLOAD_FAILED"
+
+
+class LoggedModel(models.Model):
+    """MLflow 3's logged model (``mlflow.<flavor>.log_model``, transformers' checkpoint
+    upload): a folder of artifacts under
+    ``mlflow-artifacts:/<experiment>/models/<model_id>/artifacts``, usually made by a run."""
+
+    model_id = models.CharField(max_length=40, primary_key=True, help_text="m-<32 hex>")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="+")
+    source_run = models.ForeignKey(
+        Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="logged_models"
+    )
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=250)
+    model_type = models.CharField(max_length=250, blank=True)
+    status = models.CharField(
+        max_length=32, choices=LoggedModelStatus.choices, default=LoggedModelStatus.PENDING
+    )
+    status_message = models.TextField(blank=True)
+    tags = models.JSONField(default=dict, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    metrics = models.JSONField(default=list, blank=True, help_text="MLflow Metric dicts")
+    created_ms = models.BigIntegerField()
+    updated_ms = models.BigIntegerField()
+    deleted = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [models.Index(fields=["experiment", "-created_ms"])]
+
+    def __str__(self) -> str:
+        return f"logged model {self.model_id} ({self.name})"
+
+
+class RegisteredModel(models.Model):
+    """A name in MLflow's model registry; its versions point at logged models or runs."""
+
+    name = models.CharField(max_length=250, unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    description = models.TextField(blank=True)
+    tags = models.JSONField(default=dict, blank=True)
+    aliases = models.JSONField(default=dict, blank=True, help_text="{alias: version}")
+    created_ms = models.BigIntegerField()
+    updated_ms = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelVersion(models.Model):
+    """One version of a registered model: where its files are (``source``), the run and
+    logged model it came from, its stage and tags."""
+
+    registered_model = models.ForeignKey(
+        RegisteredModel, on_delete=models.CASCADE, related_name="versions"
+    )
+    version = models.PositiveIntegerField()
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    source = models.CharField(max_length=1000)
+    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    model_id = models.CharField(max_length=40, blank=True)
+    run_link = models.CharField(max_length=500, blank=True)
+    description = models.TextField(blank=True)
+    stage = models.CharField(max_length=20, default="None")
+    status = models.CharField(max_length=20, default="READY")
+    tags = models.JSONField(default=dict, blank=True)
+    created_ms = models.BigIntegerField()
+    updated_ms = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["registered_model", "version"], name="model_version_unique"
+            )
+        ]
+        ordering = ["registered_model", "version"]
+
+    def __str__(self) -> str:
+        return f"{self.registered_model.name} v{self.version}"

@@ -30,8 +30,11 @@ MAX_RUN_NAME_LENGTH = 200  # Run.variant
 # The lab's metric-key column (runs.MetricColumn.key): a longer metric name could
 # not be sealed into columns.
 MAX_METRIC_KEY_LENGTH = 200
-# Steps are the lab's MetricStep.step (a 32-bit integer column on every backend).
-MAX_STEP = 2**31 - 1
+# Steps are stored in 64-bit columns (MetricStep.step, Run.current_step, the
+# columns' chunks); the bound is the largest integer a browser's chart (a JavaScript
+# number) holds exactly, 2^53 - 1, so a step is drawn where it was logged. MLflow
+# allows any int64: a step beyond this is a field error, never a 500.
+MAX_STEP = 2**53 - 1
 MAX_TIMESTAMP_MS = 2**63 - 1
 
 
@@ -40,6 +43,11 @@ class Point(NamedTuple):
     value: float | None  # None: a non-finite value (stored as the store's null)
     timestamp: int
     step: int
+    special: int = 0  # which non-finite value None stands for (tracking.models.NonFinite)
+
+
+# proto JSON's spellings of the non-finite doubles -> tracking.models.NonFinite
+NON_FINITE = {"NaN": 1, "Infinity": 2, "-Infinity": 3}
 
 
 # A metric key that needs no closer look: printable, no NUL or surrogate.
@@ -47,9 +55,10 @@ _PLAIN_KEY = re.compile(rf"[^\x00-\x1f\x7f\ud800-\udfff]{{1,{MAX_METRIC_KEY_LENG
 
 
 def parse_body(request) -> dict[str, Any]:
-    """The JSON object of a POST body (depth-bounded, no NaN literals)."""
-    if request.method == "GET":
-        return {k: request.GET.get(k) for k in request.GET}
+    """The JSON object of a POST body (depth-bounded, no NaN literals); a GET's or a
+    DELETE's query parameters (a repeated key as a list)."""
+    if request.method == "GET" or (request.method == "DELETE" and not request.body):
+        return {k: v if len(v) > 1 else v[0] for k, v in request.GET.lists()}
     try:
         text = request.body.decode("utf-8") if request.body else "{}"
         body = loads(text, constant_hint='send a metric\'s NaN as the string "NaN"')
@@ -184,12 +193,24 @@ def point(entry: Any, field: str) -> Point:
     key = entity_key(entry.get("key"), f"{field}.key", max_length=MAX_METRIC_KEY_LENGTH)
     if "value" not in entry:
         raise invalid(f"Missing value for required parameter '{field}.value'.")
-    value = metric_value(entry["value"], f"{field}.value")
+    raw = entry["value"]
+    value = metric_value(raw, f"{field}.value")
     timestamp = integer(entry, "timestamp", lo=0, hi=MAX_TIMESTAMP_MS)
     if timestamp is None:
         raise invalid(f"Missing value for required parameter '{field}.timestamp'.")
     step = integer(entry, "step", default=0, lo=0, hi=MAX_STEP)
-    return Point(key, value, timestamp, step)
+    return Point(key, value, timestamp, step, _special(raw) if value is None else 0)
+
+
+def _special(raw: Any) -> int:
+    """The NonFinite code of a value stored as None: proto JSON's "NaN" / "Infinity" /
+    "-Infinity", or a number that parsed to one."""
+    if isinstance(raw, str) and raw in NON_FINITE:
+        return NON_FINITE[raw]
+    number = float(raw)
+    if math.isnan(number):
+        return NON_FINITE["NaN"]
+    return NON_FINITE["Infinity"] if number > 0 else NON_FINITE["-Infinity"]
 
 
 def pairs(entries: Any, field: str, *, max_value_length: int) -> list[tuple[str, str]]:
@@ -211,4 +232,75 @@ def pairs(entries: Any, field: str, *, max_value_length: int) -> list[tuple[str,
             any_text=True,
         )
         out.append((key, value))
+    return out
+
+
+# mlflow/utils/validation.py: dataset inputs
+_DATASET_FIELDS = {
+    "name": 500,
+    "digest": 36,
+    "source_type": 36,
+    "source": 65535,
+    "schema": 1048575,
+    "profile": 16777215,
+}
+MAX_INPUT_TAG_KEY_LENGTH = 255
+MAX_INPUT_TAG_VALUE_LENGTH = 500
+MAX_INPUTS_PER_REQUEST = 1000
+
+
+def dataset_inputs(entries: Any) -> list[dict[str, Any]]:
+    """LogInputs' ``datasets``: ``[{"dataset": {name, digest, source_type, source,
+    schema, profile}, "tags": [{key, value}]}]``, each field checked against MLflow's
+    limits; name, digest, source_type and source are required."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list) or len(entries) > MAX_INPUTS_PER_REQUEST:
+        raise invalid(
+            f"Invalid value for parameter 'datasets': a list of at most {MAX_INPUTS_PER_REQUEST}."
+        )
+    out = []
+    for i, entry in enumerate(entries):
+        field = f"datasets[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("dataset"), Mapping):
+            raise invalid(f"Invalid value for parameter '{field}': an object with a 'dataset'.")
+        raw = entry["dataset"]
+        dataset = {}
+        for name, most in _DATASET_FIELDS.items():
+            required = name in ("name", "digest", "source_type", "source")
+            path = f"{field}.dataset.{name}"
+            value = text(
+                {path: raw.get(name)}, path, max_length=most, required=required, any_text=True
+            )
+            if value:
+                dataset[name] = value
+        tags = [
+            {"key": k, "value": v}
+            for k, v in pairs(
+                entry.get("tags"), f"{field}.tags", max_value_length=MAX_INPUT_TAG_VALUE_LENGTH
+            )
+        ]
+        if any(len(t["key"]) > MAX_INPUT_TAG_KEY_LENGTH for t in tags):
+            raise invalid(
+                f"Invalid value for parameter '{field}.tags': keys up to {MAX_INPUT_TAG_KEY_LENGTH} characters."
+            )
+        out.append({"tags": tags, "dataset": dataset})
+    return out
+
+
+def model_outputs(entries: Any) -> list[dict[str, Any]]:
+    """LogOutputs' ``models``: ``[{"model_id": "m-...", "step": n}]``."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list) or len(entries) > MAX_INPUTS_PER_REQUEST:
+        raise invalid(
+            f"Invalid value for parameter 'models': a list of at most {MAX_INPUTS_PER_REQUEST}."
+        )
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise invalid(f"Invalid value for parameter 'models[{i}]': must be an object.")
+        model_id = text(entry, "model_id", max_length=40)
+        step = integer(entry, "step", default=0, lo=0, hi=MAX_STEP)
+        out.append({"model_id": model_id, "step": step})
     return out

@@ -1,31 +1,49 @@
-"""How logged points become the lab's metric rows (the caller holds the run's lock).
+"""How logged points are stored (the caller holds the run's lock), twice:
 
-An MLflow or TensorBoard point ``(key, value, timestamp, step)`` is stored under
-the lab's key for it (``metric_map.lab_key``: the framework's name mapped, an
-unmapped one as it is), merged into the step's ``MetricStep`` row; a per-expert
-point (``experts/load/L{i}/E{j}`` style) becomes one element of the layer's load
-vector. A retried batch changes nothing and writes nothing.
+* as they came, in ``MetricPoint`` (name as logged, step, own timestamp,
+  value): MLflow's metric history, every point kept (two at one step are two
+  rows; the same point sent again is one);
+* merged into the lab's metric store: under the lab's key for the name
+  (``metric_map.lab_key``: the framework's name mapped, an unmapped one as it
+  is), in the step's ``MetricStep`` row, the later timestamp's value where a
+  step has several; a per-expert point (``experts/load/L{i}/e{j}``) becomes one
+  element of the layer's load vector. This is what charts, compare and the
+  stability review read, as for a lab run.
+
+A retried batch changes nothing and writes no step row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lab.runs.metrics.ingest import upsert_steps
 from lab.runs.models import MetricStep, Run
 from lab.tracking import metric_map
-from lab.tracking.models import TrackedRun
+from lab.tracking.models import MetricPoint, NonFinite, TrackedRun
 from lab.tracking.payload import Point
 from trainer import metric_keys as mk
 
 
-def store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
-    """Merge ``points`` into the run's metric rows (the caller holds the run's lock)."""
+def store_points(
+    run: Run,
+    tracked: TrackedRun,
+    points: list[Point],
+    lab_step: Callable[[str, int], int] | None = None,
+) -> int:
+    """Keep ``points`` as logged and merge them into the run's metric rows (the caller
+    holds the run's lock). ``lab_step(name, step)``: the lab step a point of that name
+    and step is charted at, when the framework logs on several step axes (slime's
+    rollout and train steps, tracking/tensorboard.py); the points keep their own."""
+    keep_as_logged(run.pk, points)
     framework = run.source.get("framework", "")
     if not framework:
         framework = metric_map.detect_framework({p.key for p in points})
         if framework:
             run.source = {**run.source, "framework": framework}
+    if lab_step is None:
+        lab_step = metric_map.lab_step_function(framework, run.source)
     # One value per (step, stored key): the later timestamp wins, then the later point.
     chosen: dict[tuple[int, str], Point] = {}
     stored_keys: dict[str, str] = {}
@@ -35,23 +53,44 @@ def store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
             stored_key = stored_keys[p.key] = metric_map.lab_key(p.key, framework)
             if stored_key != p.key:
                 tracked.stored_as[p.key] = stored_key
-        slot_key = (p.step, stored_key)
+        slot_key = (lab_step(p.key, p.step), stored_key)
         if slot_key not in chosen or p.timestamp >= chosen[slot_key].timestamp:
             chosen[slot_key] = p
         latest = tracked.latest_metrics.get(p.key)
-        if latest is None or (p.step, p.timestamp) >= (latest[2], latest[1]):
+        if latest is None or _later(p, latest):
             tracked.latest_metrics[p.key] = [p.value, p.timestamp, p.step]
-    by_step: dict[int, dict[str, float | None]] = {}
-    for (step, key), p in chosen.items():
+    by_step: dict[int, dict[str, Any]] = {}
+    for (step, key), p in chosen.items():  # step: the lab's
         by_step.setdefault(step, {})[key] = p.value
+    merge_into_steps(run, by_step)
+    return len(chosen)
+
+
+def _later(p: Point, latest: list) -> bool:
+    """Whether ``p`` is MLflow's latest value over ``latest`` ([value, timestamp, step]):
+    the larger (step, timestamp, value), as MLflow's SQL store keeps latest_metrics."""
+    value = 0.0 if p.value is None else p.value
+    before = 0.0 if latest[0] is None else latest[0]
+    return (p.step, p.timestamp, value) >= (latest[2], latest[1], before)
+
+
+def merge_into_steps(run: Run, by_step: dict[int, dict[str, Any]]) -> None:
+    """Merge ``{step: {key: value}}`` into the run's step rows (the caller holds the
+    run's lock): a scalar or a whole vector replaces the key's value; an expert's
+    share (``experts/load/L{i}/e{j}``) fills one slot of the layer's vector. Rows that
+    would not change are not written; the run counts the steps it has."""
+    if not by_step:
+        return
     existing = dict(
         MetricStep.objects.filter(run_id=run.pk, step__in=list(by_step)).values_list(
             "step", "values"
         )
     )
     model = run.config.setdefault("model", {})
-    slots = {key: metric_map.vector_slot(key) for key in set(stored_keys.values())}
-    learn_moe_layers(model, {slot[0] for slot in slots.values() if slot is not None})
+    keys = {key for values in by_step.values() for key in values}
+    slots = {key: metric_map.vector_slot(key) for key in keys}
+    whole = {k for k in keys if k.startswith(mk.EXPERTS_LOAD_PREFIX) and slots[k] is None}
+    learn_moe_layers(model, {slot[0] for slot in slots.values() if slot is not None} | whole)
     rows = []
     for step, values in by_step.items():
         before = existing.get(step)
@@ -60,6 +99,8 @@ def store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
             slot = slots[key]
             if slot is None:
                 merged[key] = value
+                if key in whole and isinstance(value, list):
+                    model["n_experts"] = max(int(model.get("n_experts") or 0), len(value))
                 continue
             vector_key, index = slot
             vector = list(merged.get(vector_key) or [])
@@ -70,11 +111,31 @@ def store_points(run: Run, tracked: TrackedRun, points: list[Point]) -> int:
         if merged != before:  # a retried batch changes nothing and writes nothing
             rows.append(MetricStep(run_id=run.pk, step=step, values=merged))
     if not rows:
-        return len(chosen)
+        return
     run.metric_chunks_sealed = upsert_steps(run.pk, rows, run.metric_chunks_sealed)
-    run.current_step = max(run.current_step, max(by_step) + 1)
+    # the steps stored, counted (a run logging steps 1..5 has 5, not 6)
+    run.current_step += len(set(by_step) - set(existing))
     run.total_steps = max(run.total_steps, run.current_step)
-    return len(chosen)
+
+
+def keep_as_logged(run_id: int, points: list[Point]) -> None:
+    """Every point as logged, one ``MetricPoint`` each; one already stored (a retried
+    batch, the same TensorBoard event read again) is skipped by the unique key."""
+    MetricPoint.objects.bulk_create(
+        [
+            MetricPoint(
+                run_id=run_id,
+                key=p.key,
+                step=p.step,
+                timestamp=p.timestamp,
+                value=0.0 if p.value is None else p.value,
+                nonfinite=(p.special or NonFinite.NAN) if p.value is None else 0,
+            )
+            for p in points
+        ],
+        ignore_conflicts=True,
+        batch_size=1000,
+    )
 
 
 def learn_moe_layers(model: dict[str, Any], vector_keys: set[str]) -> None:

@@ -1,64 +1,69 @@
-"""Writes of the MLflow tracking API (and the TensorBoard import): experiments, external
-runs, their params, tags and metric points. Each write is one transaction; a
-refusal (``MlflowError``) stores nothing.
+"""Writes of the MLflow tracking API (and the TensorBoard import) to external runs:
+create, update, delete and restore, params, tags, metric points, dataset inputs and
+model outputs. Each write is one transaction; a refusal (``MlflowError``) stores
+nothing. Experiments: tracking/experiments.py.
 
 An external run is a ``runs.Run`` with ``origin = external`` whose metrics go
 into the lab's one metric store (``MetricStep``, a row per (run, step)), so
 the charts, compare, the stability review and survival statistics read it
-like a lab run. Points are merged into the step's row under the run's lock
-(``runs.metrics.seal.lock_run``, the lock every metric write takes), so the
-store holds one value per (run, key, step): a client that retries a batch
-writes the same values again and adds nothing (idempotent per (run, key,
-step, timestamp, value)). Two points of one key at one step keep the one
-with the later timestamp within a batch, and the later write across batches.
+like a lab run; every point is also kept as it was logged (``MetricPoint``,
+MLflow's metric history: tracking/points.py). Points are merged into the
+step's row under the run's lock (``runs.metrics.seal.lock_run``, the lock
+every metric write takes): a client that retries a batch writes the same
+values again and adds nothing.
+
+Grouping as MLflow clients express it, whenever the tags change (at
+``start_run`` or later: transformers sets ``MLFLOW_TAGS`` after it): the
+tag ``seed`` (or ``lab.seed``) is the run's seed, ``lab.variant`` (or
+``variant``) its variant, else its run name; ``mlflow.parentRunId`` makes it
+a nested run of that parent.
 
 Status: MLflow's RUNNING / SCHEDULED -> running, FINISHED -> succeeded,
 FAILED -> failed, KILLED -> cancelled. An external run never enters the
 lab's queue (``queue = "external"``, never ``queued``) and has no heartbeat,
 so the reconciler leaves it alone. When it ends, the lab's collapse rule
-(trainer/analysis/collapse.py) runs over its stored accuracy and the outcome is its
-summary, as a lab run's trainer writes it.
+(trainer/analysis/collapse.py) runs over its stored accuracy and the outcome
+is its summary, as a lab run's trainer writes it. ``runs/delete`` hides the
+run (``Run.deleted_at``) until ``runs/restore``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from lab.experiments.models import Experiment
 from lab.experiments.rights import can_queue
-from lab.experiments.services import create_experiment as create_lab_experiment
 from lab.runs.metrics.columns import chunk_of
-from lab.runs.metrics.seal import lock_run, seal_metrics
+from lab.runs.metrics.seal import lock_run, seal_metrics, unseal_from
 from lab.runs.models import FINAL_STATUSES, MetricStep, Run, RunOrigin, RunStatus
 from lab.tracking import metric_map
-from lab.tracking.errors import (
-    PERMISSION_DENIED,
-    RESOURCE_ALREADY_EXISTS,
-    MlflowError,
-    invalid,
-    missing,
-)
+from lab.tracking.errors import PERMISSION_DENIED, MlflowError, invalid, missing
+from lab.tracking.experiments import get_experiment, parse_id
 from lab.tracking.models import TrackedRun
 from lab.tracking.payload import Point
-from lab.tracking.points import store_points
+from lab.tracking.points import merge_into_steps, store_points
 from trainer import metric_keys as mk
 from trainer.analysis.collapse import detect_from_rows
 from trainer.config import CollapseConfig
-from trainer.errors import FieldError
 
 EXTERNAL_QUEUE = "external"
 # Tags the lab reads (docs/integrations.md): the framework when its metric names do not
-# say it, and the answers per step the collapse rule's binomial noise assumes.
+# say it, the answers per step the collapse rule's binomial noise assumes, grouping.
 FRAMEWORK_TAG = "lab.framework"
 HOST_TAG = "lab.host"
 SAMPLES_TAG = "lab.samples_per_step"
+SEED_TAGS = ("seed", "lab.seed")
+VARIANT_TAGS = ("lab.variant", "variant")
+RUN_NAME_TAG = "mlflow.runName"
+PARENT_TAG = "mlflow.parentRunId"
 DEFAULT_SAMPLES_PER_STEP = 128  # CollapseDetector's default
+MAX_INPUTS = 1000  # dataset inputs kept per run
+_NO_POINT = Point("", None, 0, 0)
 
 MLFLOW_TO_LAB_STATUS = {
     "RUNNING": RunStatus.RUNNING,
@@ -73,6 +78,9 @@ LAB_TO_MLFLOW_STATUS = {
     RunStatus.SUCCEEDED: "FINISHED",
     RunStatus.FAILED: "FAILED",
     RunStatus.CANCELLED: "KILLED",
+    # MLflow has no such state: a lost run has not ended, and its client may still
+    # log (which makes it running again). The lab's pages say "lost".
+    RunStatus.LOST: "RUNNING",
 }
 
 
@@ -80,121 +88,15 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-# --------------------------------------------------------------------------- experiments
-
-
-DEFAULT_EXPERIMENT_ID = "0"
-DEFAULT_EXPERIMENT_NAME = "Default"
-
-
-def get_experiment(experiment_id: Any, user=None) -> Experiment:
-    """The experiment with this id. MLflow's default experiment, id "0" (where a client
-    that names none logs), is the caller's own experiment called "Default", made on
-    first use."""
-    if str(experiment_id).strip() == DEFAULT_EXPERIMENT_ID and user is not None:
-        return _default_experiment(user)
-    pk = _id(experiment_id, "experiment_id")
-    experiment = Experiment.objects.filter(pk=pk).first()
-    if experiment is None:
-        raise missing(f"No Experiment with id={experiment_id} exists")
-    return experiment
-
-
-def _default_experiment(user) -> Experiment:
-    with transaction.atomic():
-        experiment = (
-            Experiment.objects.filter(owner=user, name=DEFAULT_EXPERIMENT_NAME)
-            .order_by("pk")
-            .first()
-        )
-        if experiment is None:
-            experiment = create_lab_experiment(
-                owner=user,
-                name=DEFAULT_EXPERIMENT_NAME,
-                description="Runs logged through the MLflow tracking API without an experiment.",
-            )
-        return experiment
-
-
-def get_experiment_by_name(name: str, user) -> Experiment:
-    """The experiment called ``name``: the caller's own newest first, else the newest
-    (lab experiment names are not unique; MLflow's are)."""
-    named = Experiment.objects.filter(name=name).order_by("-created_at", "-pk")
-    experiment = named.filter(owner=user).first() or named.first()
-    if experiment is None:
-        raise missing(f"Could not find experiment with name '{name}'")
-    return experiment
-
-
-def create_experiment(*, user, name: str) -> Experiment:
-    """A new lab experiment owned by ``user`` (default base config: lab runs can be
-    queued beside the external ones). MLflow names are unique: an existing name is
-    RESOURCE_ALREADY_EXISTS."""
-    if not name.strip():
-        raise invalid("Invalid experiment name: ''")
-    with transaction.atomic():
-        if Experiment.objects.filter(name=name.strip()).exists():
-            raise MlflowError(RESOURCE_ALREADY_EXISTS, f"Experiment(name={name}) already exists.")
-        try:
-            return create_lab_experiment(
-                owner=user,
-                name=name,
-                description="Runs logged through the MLflow tracking API.",
-            )
-        except FieldError as exc:
-            raise invalid(str(exc)) from None
-
-
-# --------------------------------------------------------------------------- runs
-
-
 def get_run(run_id: Any) -> tuple[Run, TrackedRun]:
-    """An external run and its MLflow record; RESOURCE_DOES_NOT_EXIST for anything else."""
-    pk = _id(run_id, "run_id")
-    run = Run.objects.select_related("experiment", "owner").filter(pk=pk).first()
+    """An external run (a deleted one too: MLflow's get shows it as deleted) and its
+    MLflow record; RESOURCE_DOES_NOT_EXIST for anything else."""
+    pk = parse_id(run_id, "run_id")
+    run = Run.all_objects.select_related("experiment", "owner").filter(pk=pk).first()
     tracked = TrackedRun.objects.filter(run_id=pk).first() if run is not None else None
     if run is None or tracked is None or run.origin != RunOrigin.EXTERNAL:
         raise missing(f"Run '{run_id}' not found")
     return run, tracked
-
-
-def metric_history(run_id: Any, key: str) -> list[dict[str, Any]]:
-    """MLflow's GetMetricHistory: every stored point of the metric ``key`` (the name
-    as logged), by step. The store keeps one value per (step, key), the later
-    timestamp's (``_store_points``), and the timestamp of the latest point only: the
-    latest point carries its own, earlier ones the run's start time. A name never
-    logged has no points."""
-    from lab.runs.metrics.read import metric_series_many
-
-    run, tracked = get_run(run_id)
-    latest = tracked.latest_metrics.get(key)
-    if latest is None:
-        return []
-    stored = tracked.stored_as.get(key, key)
-    slot = metric_map.vector_slot(stored)
-    series_key = slot[0] if slot else stored
-    steps, values = metric_series_many([run.pk], [series_key])[run.pk].series.get(
-        series_key, ((), ())
-    )
-    start = tracked.start_time or 0
-    points = []
-    for step, value in zip(steps, values, strict=True):
-        if slot is not None:  # one expert's share, kept as a slot of the layer's vector
-            vector = value or []
-            value = vector[slot[1]] if slot[1] < len(vector) else None
-            if value is None:
-                continue
-        value = float(value)
-        step = int(step)
-        points.append(
-            {
-                "key": key,
-                "value": value if math.isfinite(value) else "NaN",
-                "timestamp": latest[1] if step == latest[2] else start,
-                "step": step,
-            }
-        )
-    return points
 
 
 def create_run(
@@ -217,7 +119,9 @@ def create_run(
             "and staff can add runs to it",
         )
     tag_map = dict(tags)
-    run_name = run_name or tag_map.get("mlflow.runName", "")
+    run_name = run_name or tag_map.get(RUN_NAME_TAG, "")
+    if run_name:
+        tag_map.setdefault(RUN_NAME_TAG, run_name)
     source = {
         "client": client,
         "framework": tag_map.get(FRAMEWORK_TAG, "") if _known(tag_map.get(FRAMEWORK_TAG)) else "",
@@ -229,21 +133,23 @@ def create_run(
         run = Run.objects.create(
             experiment=experiment,
             owner=user,
-            variant=run_name[:200],
+            variant="",
             config={"model": {}, "params": {}},
-            seed=_seed(tag_map),
+            seed=0,
             status=RunStatus.RUNNING,
             queue=EXTERNAL_QUEUE,
             origin=RunOrigin.EXTERNAL,
             source=source,
             started_at=timezone.now(),
+            heartbeat_at=timezone.now(),
             total_steps=1,
         )
-        if run_name:
-            tag_map.setdefault("mlflow.runName", run_name)
-        tracked = TrackedRun.objects.create(
+        tracked = TrackedRun(
             run=run, tags=tag_map, start_time=start_time if start_time is not None else now_ms()
         )
+        _group(run, tracked)
+        run.save(update_fields=["variant", "seed"])
+        tracked.save(force_insert=True)
     return run, tracked
 
 
@@ -266,9 +172,9 @@ def update_run(
         run, tracked = _locked_for_write(user, run_id)
         fields: list[str] = []
         if run_name:
-            run.variant = run_name[:200]
-            tracked.tags["mlflow.runName"] = run_name
-            fields.append("variant")
+            tracked.tags[RUN_NAME_TAG] = run_name
+            _group(run, tracked)
+            fields += ["variant", "seed"]
         final = False
         if status:
             run.status = MLFLOW_TO_LAB_STATUS[status]
@@ -294,11 +200,28 @@ def update_run(
 
 
 def delete_run(*, user, run_id: Any) -> None:
-    """MLflow's DeleteRun: the run leaves the lab with its metrics and comments (the
-    run's owner or staff, the lab's rule for deleting a run)."""
+    """MLflow's DeleteRun: the run leaves every page (soft delete, ``Run.deleted_at``)
+    and can be restored (the run's owner or staff, the lab's rule for deleting)."""
+    _set_deleted(user, run_id, deleted=True)
+
+
+def restore_run(*, user, run_id: Any) -> None:
+    """MLflow's RestoreRun: a deleted run back where it was."""
+    _set_deleted(user, run_id, deleted=False)
+
+
+def _set_deleted(user, run_id: Any, *, deleted: bool) -> None:
     with transaction.atomic():
-        run, _ = _locked_for_write(user, run_id)
-        run.delete()
+        run, tracked = _locked_for_write(user, run_id, deleted_ok=True)
+        if run.experiment.deleted_at is not None and not deleted:
+            raise invalid(
+                f"run {run.pk}'s experiment {run.experiment_id} is deleted: restore it first"
+            )
+        now = timezone.now()
+        run.deleted_at = now if deleted else None
+        run.save(update_fields=["deleted_at"])
+        tracked.deleted_time = int(now.timestamp() * 1000) if deleted else None
+        tracked.save(update_fields=["deleted_time"])
 
 
 def set_tag(*, user, run_id: Any, key: str, value: str) -> None:
@@ -307,11 +230,13 @@ def set_tag(*, user, run_id: Any, key: str, value: str) -> None:
 
 def delete_tag(*, user, run_id: Any, key: str) -> None:
     with transaction.atomic():
-        _, tracked = _locked_for_write(user, run_id)
+        run, tracked = _locked_for_write(user, run_id)
         if key not in tracked.tags:
             raise missing(f"No tag with name: {key} in run with id {run_id}")
         del tracked.tags[key]
-        tracked.save(update_fields=["tags"])
+        _group(run, tracked)
+        run.save(update_fields=["variant", "seed"])
+        tracked.save(update_fields=["tags", "parent"])
 
 
 def log_batch(
@@ -321,11 +246,12 @@ def log_batch(
     metrics: Sequence[Point] = (),
     params: Sequence[tuple[str, str]] = (),
     tags: Sequence[tuple[str, str]] = (),
+    lab_step: Callable[[str, int], int] | None = None,
 ) -> int:
     """MLflow's LogBatch (and LogMetric / LogParam / SetTag, batches of one), in one
     transaction: params (written once: a second value for a key is refused, the same
-    value again is fine), tags, then the points merged into the metric store.
-    Returns the points stored."""
+    value again is fine), tags, then the points (tracking/points.py; ``lab_step`` as
+    there). Returns the points stored."""
     with transaction.atomic():
         run, tracked = _locked_for_write(user, run_id)
         if params:
@@ -334,45 +260,156 @@ def log_batch(
             tracked.tags.update(dict(tags))
             if _known(tracked.tags.get(FRAMEWORK_TAG)):
                 run.source = {**run.source, "framework": tracked.tags[FRAMEWORK_TAG]}
-        stored = store_points(run, tracked, list(metrics)) if metrics else 0
-        run.save(update_fields=["config", "source", "current_step", "total_steps"])
+            _group(run, tracked)
+        stored = store_points(run, tracked, list(metrics), lab_step) if metrics else 0
+        run.save(
+            update_fields=["config", "source", "current_step", "total_steps", "variant", "seed"]
+        )
         tracked.save()
         sealed_before = run.metric_chunks_sealed
-    if metrics and chunk_of(max(p.step for p in metrics)) > sealed_before:
+    last = max(
+        (p.step if lab_step is None else lab_step(p.key, p.step)) for p in metrics or [_NO_POINT]
+    )
+    if metrics and chunk_of(last) > sealed_before:
         # the run moved into a new chunk: the ones it left become columns (as the worker does)
         seal_metrics(run.pk)
     return stored
 
 
+def log_inputs(*, user, run_id: Any, datasets: list[dict[str, Any]]) -> None:
+    """MLflow's LogInputs: dataset inputs, one per (digest, name, context) as MLflow
+    keeps them; the same input logged again changes nothing."""
+    with transaction.atomic():
+        _, tracked = _locked_for_write(user, run_id)
+        seen = {_input_key(entry) for entry in tracked.inputs}
+        for entry in datasets:
+            if _input_key(entry) not in seen:
+                tracked.inputs.append(entry)
+                seen.add(_input_key(entry))
+        if len(tracked.inputs) > MAX_INPUTS:
+            raise invalid(f"a run keeps at most {MAX_INPUTS} dataset inputs")
+        tracked.save(update_fields=["inputs"])
+
+
+def log_outputs(*, user, run_id: Any, models: list[dict[str, Any]]) -> None:
+    """MLflow 3's LogOutputs: the logged models a run produced (at a step)."""
+    with transaction.atomic():
+        _, tracked = _locked_for_write(user, run_id)
+        for entry in models:
+            if entry not in tracked.outputs:
+                tracked.outputs.append(entry)
+        tracked.save(update_fields=["outputs"])
+
+
+def log_vectors(*, user, run_id: Any, by_step: dict[int, dict[str, list]]) -> None:
+    """Whole vectors into the run's step rows (an imported histogram's expert loads or
+    distribution: tracking/tensorboard.py); the run lists its distribution keys."""
+    with transaction.atomic():
+        run, tracked = _locked_for_write(user, run_id)
+        merge_into_steps(run, by_step)
+        run.save(update_fields=["config", "current_step", "total_steps", "metric_chunks_sealed"])
+        keys = {k for values in by_step.values() for k in values}
+        dists = sorted(
+            set(tracked.distributions) | {k for k in keys if k.startswith(mk.DISTRIBUTION_PREFIX)}
+        )
+        if dists != tracked.distributions:
+            tracked.distributions = dists
+            tracked.save(update_fields=["distributions"])
+
+
+def forget_metrics(*, user, run_id: Any, names: list[str]) -> None:
+    """Take the values stored for these logged names out of the run's step rows (their
+    points stay as logged): an import re-reads them onto other steps. Rows left empty
+    go; the run's columns are rebuilt from the rows when it is sealed again."""
+    with transaction.atomic():
+        run, tracked = _locked_for_write(user, run_id)
+        keys = {tracked.stored_as.get(n, n) for n in names}
+        changed, emptied = [], []
+        for row in MetricStep.objects.filter(run_id=run.pk).order_by("step"):
+            if keys & set(row.values):
+                row.values = {k: v for k, v in row.values.items() if k not in keys}
+                (changed if row.values else emptied).append(row)
+        MetricStep.objects.bulk_update(changed, ["values"], batch_size=500)
+        MetricStep.objects.filter(pk__in=[r.pk for r in emptied]).delete()
+        if changed or emptied:
+            unseal_from(run.pk, 0)
+        run.current_step = MetricStep.objects.filter(run_id=run.pk).count()
+        run.save(update_fields=["current_step"])
+
+
+def set_source(*, user, run_id: Any, **fields: Any) -> None:
+    """Add facts about where the run came from (``Run.source``)."""
+    with transaction.atomic():
+        run, _ = _locked_for_write(user, run_id)
+        run.source = {**run.source, **fields}
+        run.save(update_fields=["source"])
+
+
+def set_import_notes(*, user, run_id: Any, notes: list[dict[str, Any]]) -> None:
+    """What an import could not store, one line per tag with the reason."""
+    with transaction.atomic():
+        _, tracked = _locked_for_write(user, run_id)
+        if tracked.import_notes != notes:
+            tracked.import_notes = notes
+            tracked.save(update_fields=["import_notes"])
+
+
+def _input_key(entry: Mapping[str, Any]) -> tuple:
+    dataset = entry.get("dataset") or {}
+    context = [
+        t.get("value") for t in entry.get("tags") or [] if t.get("key") == "mlflow.data.context"
+    ]
+    return dataset.get("name"), dataset.get("digest"), tuple(context)
+
+
 # --------------------------------------------------------------------------- internals
-
-
-def _id(value: Any, field: str) -> int:
-    text = str(value if value is not None else "").strip()
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        raise invalid(f"Invalid value {value!r} for parameter '{field}'")
-    return int(text)
 
 
 def _known(framework: Any) -> bool:
     return isinstance(framework, str) and framework in metric_map.FRAMEWORKS
 
 
-def _seed(tags: Mapping[str, str]) -> int:
-    value = tags.get("seed") or tags.get("lab.seed") or ""
-    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
+def _group(run: Run, tracked: TrackedRun) -> None:
+    """Seed, variant and parent from the run's tags (the module docstring)."""
+    tags = tracked.tags
+    seed_text = next((tags[t] for t in SEED_TAGS if tags.get(t)), "")
+    run.seed = (
+        int(seed_text) if seed_text.isascii() and seed_text.isdigit() and len(seed_text) < 10 else 0
+    )
+    variant = next((tags[t] for t in VARIANT_TAGS if tags.get(t)), "") or tags.get(RUN_NAME_TAG, "")
+    run.variant = variant[:200]
+    parent = tags.get(PARENT_TAG, "")
+    parent_pk = int(parent) if parent.isascii() and parent.isdigit() and len(parent) < 18 else None
+    if (
+        parent_pk is not None
+        and parent_pk != run.pk
+        and Run.all_objects.filter(pk=parent_pk).exists()
+    ):
+        tracked.parent_id = parent_pk
+    else:
+        tracked.parent_id = None
 
 
-def _locked_for_write(user, run_id: Any) -> tuple[Run, TrackedRun]:
+def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[Run, TrackedRun]:
     """Inside a transaction: the external run, row-locked (the metric store's lock), after
-    the rights check: its owner or staff write to it."""
+    the rights check: its owner or staff write to it; a deleted run takes no writes
+    but its restore (MLflow: "must be in the 'active' state")."""
     run, _ = get_run(run_id)
     lock_run(run.pk)
-    run = Run.objects.get(pk=run.pk)
+    run = Run.all_objects.select_related("experiment").get(pk=run.pk)
     if not run.can_manage(user):
         raise MlflowError(
             PERMISSION_DENIED, f"only the owner of run {run.pk} or staff can write to it"
         )
+    if run.deleted_at is not None and not deleted_ok:
+        raise invalid(f"The run {run.pk} must be in the 'active' state. Current state is deleted.")
+    # Every write is a sign of life: the run's last contact, and a run marked lost
+    # (silent past LAB_EXTERNAL_LOST_AFTER_S) that reports again is running again.
+    Run.all_objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
+    Run.all_objects.filter(pk=run.pk, status=RunStatus.LOST).update(
+        status=RunStatus.RUNNING, error=""
+    )
+    run = Run.all_objects.select_related("experiment").get(pk=run.pk)
     tracked = TrackedRun.objects.get(run_id=run.pk)
     return run, tracked
 
@@ -393,7 +430,7 @@ def _outcome(run: Run, tracked: TrackedRun) -> dict[str, Any]:
     """The run's summary as the lab's trainer writes it: the collapse rule
     (trainer/analysis/collapse.py, default CollapseConfig) over the stored batch accuracy,
     or the reward mean when the run logs no accuracy (a 0/1 verifier's reward is
-    its accuracy)."""
+    its accuracy); the reason names the metric judged."""
     rows = list(
         MetricStep.objects.filter(run_id=run.pk).order_by("step").values_list("step", "values")
     )
@@ -410,12 +447,12 @@ def _outcome(run: Run, tracked: TrackedRun) -> dict[str, Any]:
         for step, values in rows
         if isinstance(values.get(source_key), int | float) and math.isfinite(values.get(source_key))
     ]
-    detector = detect_from_rows(series, CollapseConfig(), samples, samples)
-    summary: dict[str, Any] = {
+    detector = detect_from_rows(series, CollapseConfig(), samples, samples, metric=source_key)
+    return {
         "steps": run.current_step,
+        "judged_steps": len(series),
         "collapsed": bool(detector.collapsed),
         "collapse_step": detector.collapse_step,
         "collapse_reason": detector.collapse_reason,
         "collapse_metric": source_key,
     }
-    return summary

@@ -181,6 +181,9 @@
 
   LiveChart.prototype.onRelayout = function (event) {
     if (this.drawing) return; // our own redraw, not the user
+    // On a time axis (?x=wall|relative) the window is not in steps: Plotly zooms the
+    // drawn points in the page and the chart keeps polling whole.
+    if (/[?&]x=(wall|relative)\b/.test(this.url)) return;
     var win = visibleWindow(event);
     if (win === undefined) return;
     this.window = win;

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from lab.runs.metrics.columns import (
     window_bounds,
 )
 from lab.runs.models import STEPS_COLUMN, MetricColumn, MetricStep
-from trainer.metric_keys import is_vector_key
+from trainer.metric_keys import METRIC_NAME, is_vector_key
 
 
 def metric_series(
@@ -119,9 +118,7 @@ def metric_keys(run_id: int) -> list[str]:
 # "Infinity" to +inf, and no stored value can be infinite (JSON has no
 # infinity, and the trainer writes null for NaN/inf: trainer/run_folder/files.py).
 _MISSING = "Infinity"
-# MLflow's metric-name alphabet; never a double quote (SQLite reads a key as the JSON path
-# $."key") nor a comma (the API's key lists).
-_SAFE_KEY = re.compile(r"[A-Za-z0-9_./: -]+")
+_SAFE_KEY = METRIC_NAME  # trainer/metric_keys.py: never a double quote nor a comma
 
 
 @dataclass

@@ -34,6 +34,13 @@ class Command(BaseCommand):
             help="whose metric names these are (default: told by the names)",
         )
         parser.add_argument("--run", type=int, default=None, help="read into this external run")
+        parser.add_argument(
+            "--steps-per-rollout",
+            type=int,
+            default=None,
+            help="slime: train steps per rollout, to chart train metrics at their rollout "
+            "(default: inferred from the two step axes)",
+        )
         parser.add_argument("--follow", action="store_true", help="keep reading as files grow")
         parser.add_argument("--poll-s", type=float, default=5.0)
         parser.add_argument(
@@ -42,6 +49,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         folder = Path(opts["folder"]).expanduser()
+        if opts["steps_per_rollout"] is not None and opts["steps_per_rollout"] < 1:
+            raise CommandError("--steps-per-rollout: at least 1", returncode=2)
         if not folder.is_dir():
             raise CommandError(f"folder: {folder} is not a folder", returncode=2)
         user = get_user_model().objects.filter(username=opts["user"], is_active=True).first()
@@ -49,7 +58,7 @@ class Command(BaseCommand):
             raise CommandError(f"--user: no active user {opts['user']!r}", returncode=2)
         try:
             if opts["run"] is not None:
-                job = TensorBoardImport.resume(opts["run"], folder)
+                job = TensorBoardImport.resume(opts["run"], folder, opts["steps_per_rollout"])
             else:
                 job = TensorBoardImport.start(
                     user=user,
@@ -57,6 +66,7 @@ class Command(BaseCommand):
                     folder=folder,
                     run_name=opts["name"],
                     framework=opts["framework"],
+                    steps_per_rollout=opts["steps_per_rollout"],
                 )
             stored = job.poll(user)
             self.stdout.write(f"run {job.run.pk}: {stored} points")
@@ -70,4 +80,6 @@ class Command(BaseCommand):
             run = job.finish(user)
         except MlflowError as exc:
             raise CommandError(exc.message, returncode=2) from None
+        for note in job.tracked.import_notes:
+            self.stdout.write(f"not imported: {note['tag']} ({note['kind']}): {note['reason']}")
         self.stdout.write(f"run {run.pk}: {run.status}, {run.current_step} steps")
