@@ -339,9 +339,13 @@ class RolloutEngine:
             if use_kv_cache:
                 if compiled:  # the fixed-shape step: a bucket of the cache, the column as data
                     next_logits = self._compiled_step(
-                        tokens[:, col], n_real, col_t, key_bias, routing,
+                        tokens[:, col],
+                        n_real,
+                        col_t,
+                        key_bias,
+                        routing,
                         bucket_for(col + 1, buckets),
-                    )  # fmt: skip
+                    )
                     col_t += 1
                 else:
                     next_logits = self.forward_pass.decode(

@@ -77,6 +77,10 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
 def decode_choice(cfg: ExperimentConfig, device: torch.device) -> tuple[str, str]:
     """The run's decode step (``rollout.decode``, ``auto`` resolved) and why."""
     return choose_decode(
-        cfg.rollout.decode, device.type, cfg.run.steps * cfg.rollout.max_new_tokens,
-        cfg.rollout.precision, cfg.rollout.kv_cache, cfg.parallel.expert_parallel,
-    )  # fmt: skip
+        cfg.rollout.decode,
+        device.type,
+        cfg.run.steps * cfg.rollout.max_new_tokens,
+        cfg.rollout.precision,
+        cfg.rollout.kv_cache,
+        cfg.parallel.expert_parallel,
+    )
