@@ -409,9 +409,12 @@ def _last_true_index(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _logprobs_and_entropy(
-    logits: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor | None,
-    temperature: float, grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+    temperature: float,
+    grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) log-probs of the tokens under logits / temperature and (B, T) entropies of
     the untempered logits, from (B, T, V) logits or logits packed at ``positions``
     (trainer.algorithms.logprobs: one log-softmax serves both at temperature 1). The
