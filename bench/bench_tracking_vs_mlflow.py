@@ -10,7 +10,9 @@ server, in paired, interleaved rounds (A B | B A ...): each round logs
 ``--batches`` batches of new steps to each. Reported per server: points per
 wall-clock second and per CPU second of the server's process tree plus this
 client process; and the median per-round ratio lab / MLflow with its
-order-statistic interval (bench/common.py), with the machine's load.
+order-statistic interval (bench/common.py), in wall time (what a training job
+waits) and in the server's CPU time (the client's work left out: the same on both
+sides), with the machine's load.
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python -m bench.bench_tracking_vs_mlflow [--rounds 9]
 
@@ -38,6 +40,7 @@ from bench.common import (  # noqa: E402
     machine_load,
     median_interval,
     round_orders,
+    tree_cpu_s,
 )
 
 T0_MS = 1_700_000_000_000
@@ -101,41 +104,53 @@ def main() -> None:
                 clients[name].log_batch(runs[name], metrics=next(streams[name]))  # warm-up
             wall = {n: [] for n in servers}
             cpu = {n: [] for n in servers}
+            server_cpu = {n: [] for n in servers}
             points = 0
             for order in round_orders(list(servers), args.rounds):
                 for name in order:
                     batches = [next(streams[name]) for _ in range(args.batches)]
                     points = sum(len(b) for b in batches)
+                    server_before = tree_cpu_s(servers[name][1])
                     watch = Stopwatch("process", pids=[servers[name][1]])
                     for batch in batches:
                         clients[name].log_batch(runs[name], metrics=batch)
                     timing = watch.elapsed()
                     wall[name].append(timing.wall)
                     cpu[name].append(timing.cpu)
+                    server_cpu[name].append(tree_cpu_s(servers[name][1]) - server_before)
         finally:
             reference.close()
             lab.close()
-    ratios = [m / lab_s for m, lab_s in zip(wall["mlflow"], wall["lab"], strict=True)]
-    low, high, coverage = median_interval(ratios)
-    results = {
-        "points_per_round": points,
-        "rounds": args.rounds,
-        "keys_per_step": args.keys,
-        "points_per_wall_s": {n: round(points / statistics.median(wall[n])) for n in servers},
-        "points_per_cpu_s": {n: round(points / statistics.median(cpu[n])) for n in servers},
-        "lab_over_mlflow_wall": {
+
+    def paired(samples: dict[str, list[float]]) -> dict[str, float]:
+        ratios = [m / s for m, s in zip(samples["mlflow"], samples["lab"], strict=True)]
+        low, high, coverage = median_interval(ratios)
+        return {
             "median": round(statistics.median(ratios), 2),
             "low": round(low, 2),
             "high": round(high, 2),
             "coverage": round(coverage, 3),
+        }
+
+    results = {
+        "points_per_round": points,
+        "rounds": args.rounds,
+        "keys_per_step": args.keys,
+        "points_per_wall_second": {n: round(points / statistics.median(wall[n])) for n in servers},
+        "points_per_cpu_second": {n: round(points / statistics.median(cpu[n])) for n in servers},
+        "points_per_server_cpu_second": {
+            n: round(points / statistics.median(server_cpu[n])) for n in servers
         },
+        "lab_over_mlflow_wall": paired(wall),
+        "lab_over_mlflow_server_cpu": paired(server_cpu),
         "wall_s": wall,
         "cpu_s": cpu,
+        "server_cpu_s": server_cpu,
         "load_before": load_before,
         "load_after": machine_load(),
         "cpu_states": busy_share(jiffies, cpu_jiffies()),
     }
-    print(json.dumps({k: v for k, v in results.items() if k not in ("wall_s", "cpu_s")}, indent=2))
+    print(json.dumps({k: v for k, v in results.items() if not k.endswith("_s")}, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

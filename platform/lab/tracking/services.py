@@ -261,7 +261,7 @@ def log_batch(
         run.save(
             update_fields=["config", "source", "current_step", "total_steps", "variant", "seed"]
         )
-        tracked.save()
+        tracked.save(update_fields=["tags", "parent", "latest_metrics", "stored_as"])
         sealed_before = run.metric_chunks_sealed
     last = max(
         (p.step if lab_step is None else lab_step(p.key, p.step)) for p in metrics or [_NO_POINT]
@@ -390,16 +390,18 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
     """Inside a transaction: the external run, row-locked (the metric store's lock), after
     the rights check: its owner or staff write to it; a deleted run takes no writes
     but its restore (MLflow: "must be in the 'active' state")."""
-    run, _ = get_run(run_id)
-    lock_run(run.pk)
-    run = Run.all_objects.select_related("experiment").get(pk=run.pk)
+    pk = parse_id(run_id, "run_id")
+    lock_run(pk)  # first: what is read next is what no other writer changes meanwhile
+    run = Run.all_objects.select_related("experiment", "owner").filter(pk=pk).first()
+    tracked = TrackedRun.objects.filter(run_id=pk).first() if run is not None else None
+    if run is None or tracked is None or run.origin != RunOrigin.EXTERNAL:
+        raise missing(f"Run '{run_id}' not found")
     if not run.can_manage(user):
         raise MlflowError(
             PERMISSION_DENIED, f"only the owner of run {run.pk} or staff can write to it"
         )
     if run.deleted_at is not None and not deleted_ok:
         raise invalid(f"The run {run.pk} must be in the 'active' state. Current state is deleted.")
-    tracked = TrackedRun.objects.get(run_id=run.pk)
     return run, tracked
 
 
