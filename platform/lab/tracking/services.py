@@ -392,7 +392,8 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
     but its restore (MLflow: "must be in the 'active' state")."""
     pk = parse_id(run_id, "run_id")
     lock_run(pk)  # first: what is read next is what no other writer changes meanwhile
-    run = Run.all_objects.select_related("experiment", "owner").filter(pk=pk).first()
+    # not the experiment: its base config is a whole resolved config to decode per batch
+    run = Run.all_objects.filter(pk=pk).first()
     tracked = TrackedRun.objects.filter(run_id=pk).first() if run is not None else None
     if run is None or tracked is None or run.origin != RunOrigin.EXTERNAL:
         raise missing(f"Run '{run_id}' not found")
