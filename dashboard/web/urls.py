@@ -42,6 +42,7 @@ urlpatterns = [
     path("runs/<int:pk>/cancel", actions.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/delete", actions.run_delete, name="run_delete"),
     path("runs/<int:pk>/requeue", actions.run_requeue, name="run_requeue"),
+    path("runs/<int:pk>/end", actions.run_end, name="run_end"),
     path("runs/<int:pk>/export", actions.run_export, name="run_export"),
     path("runs/<int:run_id>/verdict", review.verdict_run, name="verdict_run"),
     path("runs/<int:run_id>/pin", review.pin_run, name="pin_run"),

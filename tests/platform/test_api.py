@@ -51,7 +51,7 @@ def test_schema_and_presets(api):
     assert openapi.status_code == 200
 
 
-def _reconciler_row(seen_s_ago: float = 0.0) -> None:
+def _reconciler_row(seen_s_ago: float = 0.0, beat_alive: bool | None = True) -> None:
     """The live-worker row the reconciler (the ``control`` queue's worker) keeps fresh."""
     from datetime import timedelta
 
@@ -62,7 +62,7 @@ def _reconciler_row(seen_s_ago: float = 0.0) -> None:
     Worker.objects.update_or_create(
         hostname="control@host",
         defaults={
-            "queues": ["control"], "pid": 1,
+            "queues": ["control"], "pid": 1, "beat_pid": 2, "beat_alive": beat_alive,
             "last_seen": timezone.now() - timedelta(seconds=seen_s_ago),
         },
     )  # fmt: skip
@@ -81,7 +81,7 @@ def test_health_reports_db_broker_reconciler_and_workers(api):
     assert body["status"] == "ok"
     assert body["db"]["ok"] is True
     assert "transport" in body["broker"]
-    assert body["reconciler"] == {"ok": True, "hostname": "control@host"}
+    assert body["reconciler"] == {"ok": True, "hostname": "control@host", "beat_pid": 2}
     assert isinstance(body["workers"], list)
 
 
@@ -96,6 +96,11 @@ def test_health_is_not_ok_while_the_reconciler_is_down(api, db):
     assert api.get("/api/health").status_code == 503
     _reconciler_row()
     assert api.get("/api/health").status_code == 200
+    _reconciler_row(beat_alive=False)  # the worker lives, its scheduler was killed
+    dead = api.get("/api/health")
+    assert dead.status_code == 503 and "celery beat, pid 2" in dead.json()["reconciler"]["error"]
+    _reconciler_row(beat_alive=None)  # a control worker started without -B schedules nothing
+    assert "runs no scheduler" in api.get("/api/health").json()["reconciler"]["error"]
 
 
 def _post(client, url, payload):

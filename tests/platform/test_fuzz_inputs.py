@@ -133,7 +133,7 @@ def world(user, other_user, experiment):
     (its live-worker row), so /api/health answers 200 and any 5xx is a finding."""
     from lab.jobs.services import register_worker
 
-    register_worker("control@fuzz", queues=["control"], pid=1)
+    register_worker("control@fuzz", queues=["control"], pid=1, beat_pid=2, beat_alive=True)
     run = submit_tiny_run(user, experiment)
     alice, bob = Client(), Client()
     alice.force_login(user)

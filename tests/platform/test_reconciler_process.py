@@ -83,3 +83,78 @@ def test_kill_9_of_the_reconciler_takes_its_scheduler_with_it(tmp_path):
         if beat is not None and _alive(beat):  # never leave an orphan behind
             os.kill(beat, signal.SIGKILL)
         log.close()
+
+
+def test_kill_9_of_the_scheduler_shows_in_health_and_stops_the_reconciler(tmp_path):
+    """The beat child alone killed: the control worker would stay up and send no
+    reconcile. /api/health names the dead scheduler, and the worker stops itself
+    so that whatever supervises it (make up, docker-compose) sees it go."""
+    from lab_processes import LabStack
+
+    stack = LabStack(tmp_path, "filesystem")
+    try:
+        reconciler = stack.start_reconciler()
+        health = _wait(
+            lambda: (h := stack.request("GET", "/api/health")[1])["reconciler"]["ok"] and h,
+            300, "a healthy reconciler",
+        )  # fmt: skip
+        beat = health["reconciler"]["beat_pid"]
+        assert beat in _children(reconciler.pid)
+        os.kill(beat, signal.SIGKILL)
+        code, body = _wait(
+            lambda: (r := stack.request("GET", "/api/health"))[1]["reconciler"].get("error") and r,
+            30, "/api/health to report the scheduler",
+        )  # fmt: skip
+        assert code == 503 and not body["reconciler"]["ok"]
+        assert f"celery beat, pid {beat}" in body["reconciler"]["error"]
+        assert reconciler.wait(timeout=60) is not None  # stopped itself
+        assert "the reconciler's scheduler" in stack.log("reconciler")
+        stack.procs.pop("reconciler")
+    finally:
+        stack.close()
+
+
+def test_make_up_stops_everything_when_the_scheduler_dies(tmp_path):
+    port = launch_port()
+    env = launch.process_env({"LAB_VAR_DIR": str(tmp_path / "var")})
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
+        env.pop(name, None)
+    up = subprocess.Popen(
+        launch.manage_command("lab_up", "--port", str(port), "--no-study", "--workers", "1"),
+        cwd=launch.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        reconciler = _wait(
+            lambda: next((p for p in _children(up.pid) if b"-B" in _cmdline(p)), None),
+            300, "the reconciler",
+        )  # fmt: skip
+        (beat,) = _wait(lambda: _children(reconciler), 300, "its scheduler")
+        _wait(lambda: "Sending due task" in (tmp_path / "var" / "reconciler.log").read_text(),
+              120, "a first tick")  # fmt: skip
+        os.kill(beat, signal.SIGKILL)
+        assert up.wait(timeout=120) == 1
+        out = up.stdout.read()
+        assert "stopped everything: reconciler exited" in out and "scheduler" in out, out
+        with pytest.raises(OSError):
+            import urllib.request
+
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=3)
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=120)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+def launch_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

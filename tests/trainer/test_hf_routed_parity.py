@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_tiny_checkpoints import make_hf_model, save_hf_checkpoint
+from hf_tiny_checkpoints import import_checkpoint, make_hf_model, save_hf_checkpoint
 
-from trainer.config import ExperimentConfig, ModelConfig
-from trainer.hf import build_model, resolve_model_source
+from trainer.config import ModelConfig
 from trainer.model.layers import positions_from_mask
 
 pytest.importorskip("transformers")
@@ -34,9 +33,7 @@ LOGIT_TOL = 1e-4
 
 
 def _import(folder) -> tuple[ModelConfig, torch.nn.Module]:
-    cfg = ExperimentConfig.model_validate({"model": {"source": str(folder), "max_seq_len": 256}})
-    model_cfg = resolve_model_source(cfg).model
-    return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
+    return import_checkpoint(folder)
 
 
 def _batch(vocab: int, length: int = 12):

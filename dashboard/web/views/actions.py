@@ -1,5 +1,5 @@
 """A run's and a sweep's actions (POST only, CSRF-protected): cancel, delete,
-requeue, export; a sweep's cancel, pause, resume and clear; and the bulk cancel /
+requeue, export, end (an external run); a sweep's cancel, pause, resume and clear; and the bulk cancel /
 requeue of ticked runs. Each lives under
 its object's URL (``/runs/<id>/cancel``) and goes back to its page; the writes
 are the platform's services (lab.runs.lifecycle, bulk, exports).
@@ -18,7 +18,7 @@ from lab.experiments.models import Sweep
 from lab.experiments.rights import NotAllowed
 from lab.jobs.queries import unserved_warning
 from lab.runs import bulk, exports, lifecycle
-from lab.runs.models import Run
+from lab.runs.models import Run, RunStatus
 from trainer.errors import FieldError
 
 RUN_PAGE = "dashboard:run"
@@ -55,6 +55,37 @@ def run_export(request, pk: int):
         messages.error(request, str(exc))
         return redirect(RUN_PAGE, pk)
     messages.info(request, f"Export of step {export.step} ({export.status}): {export.out_dir}")
+    return redirect(RUN_PAGE, pk)
+
+
+# The ends an owner may give an external run from its page, as MLflow names them.
+END_STATUSES = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+
+
+@login_required
+@require_POST
+def run_end(request, pk: int):
+    """End an external run that is still running or lost (its trainer elsewhere will
+    never say): as succeeded (its collapse is then judged on its metrics), failed or
+    cancelled. The run's owner or staff; MLflow's UpdateRun does the write."""
+    from lab.tracking import services as tracking
+    from lab.tracking.errors import MlflowError
+
+    run = get_object_or_404(Run, pk=pk)
+    if not run.can_manage(request.user):
+        return HttpResponseForbidden("only the run's owner or staff can end it")
+    outcome = request.POST.get("status", "")
+    if not run.is_external or run.status not in (RunStatus.RUNNING, RunStatus.LOST):
+        messages.error(request, "only an external run still running or lost can be ended here")
+    elif outcome not in END_STATUSES:
+        messages.error(request, f"status: choose one of {', '.join(END_STATUSES)}")
+    else:
+        try:
+            tracking.update_run(user=request.user, run_id=run.pk, status=END_STATUSES[outcome])
+        except MlflowError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.info(request, f"Run {pk} ended as {outcome}.")
     return redirect(RUN_PAGE, pk)
 
 

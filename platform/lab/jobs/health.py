@@ -2,7 +2,8 @@
 
 The reconciler is the worker of the ``control`` queue with Celery beat inside
 (``launch.reconciler_command``); like every worker it keeps a ``Worker`` row
-fresh, so it is up when such a row was seen within ``LIVE_WITHIN_S``. Without
+fresh, so it is up when such a row was seen within ``LIVE_WITHIN_S`` and says
+its scheduler child lives (a worker whose beat was killed sends no reconcile). Without
 it nothing requeues a lost run, re-sends a lost wake-up or runs an export, so
 the deployment is not healthy.
 """
@@ -52,6 +53,8 @@ def live_workers() -> list[dict[str, Any]]:
             "pid": w.pid,
             "last_seen": w.last_seen.isoformat(),
             "current_run": w.current_run_id,
+            "beat_pid": w.beat_pid,
+            "beat_alive": w.beat_alive,
         }
         for w in Worker.live(LIVE_WITHIN_S)
     ]
@@ -61,9 +64,30 @@ CONTROL_QUEUE = "control"
 
 
 def check_reconciler(workers: list[dict[str, Any]]) -> dict[str, Any]:
-    serving = [w["hostname"] for w in workers if CONTROL_QUEUE in w["queues"]]
+    """Up when a live worker serves the control queue AND its embedded scheduler
+    (Celery beat, the child that sends every reconcile) lives: a worker whose beat
+    died is alive but reconciles nothing."""
+    serving = [w for w in workers if CONTROL_QUEUE in w["queues"]]
+    scheduling = [w for w in serving if w.get("beat_alive")]
+    if scheduling:
+        return {
+            "ok": True,
+            "hostname": scheduling[0]["hostname"],
+            "beat_pid": scheduling[0]["beat_pid"],
+        }
     if serving:
-        return {"ok": True, "hostname": serving[0]}
+        dead = [w for w in serving if w.get("beat_alive") is False]
+        if dead:
+            error = (
+                f"the reconciler's scheduler (celery beat, pid {dead[0]['beat_pid']}) on "
+                f"{dead[0]['hostname']} died: no reconcile is sent; restart the reconciler"
+            )
+        else:
+            error = (
+                f"the worker on the {CONTROL_QUEUE!r} queue ({serving[0]['hostname']}) runs no "
+                "scheduler: start the reconciler with -B (celery -A lab.site worker -B -Q control)"
+            )
+        return {"ok": False, "hostname": serving[0]["hostname"], "error": error}
     return {
         "ok": False,
         "error": f"no live worker on the {CONTROL_QUEUE!r} queue within {LIVE_WITHIN_S:.0f} s "

@@ -30,6 +30,15 @@ class Worker(models.Model):
     current_run = models.ForeignKey(
         "runs.Run", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    beat_pid = models.IntegerField(
+        null=True, blank=True, help_text="The embedded scheduler's process (celery worker -B)."
+    )
+    beat_alive = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="Whether that scheduler process was alive at last_seen; null: this worker "
+        "embeds none. The reconciler is healthy only with a live one (lab/jobs/health.py).",
+    )
 
     class Meta:
         ordering = ["hostname"]

@@ -326,8 +326,11 @@ def register_worker(
     gpus: int = 0,
     cpu_slots: int = 1,
     current_run_id=None,
+    beat_pid: int | None = None,
+    beat_alive: bool | None = None,
 ) -> None:
-    """Upsert the live-worker row (called every few seconds by each worker)."""
+    """Upsert the live-worker row (called every few seconds by each worker; the
+    reconciler's also says whether its embedded scheduler lives)."""
     Worker.objects.update_or_create(
         hostname=hostname,
         defaults={
@@ -338,6 +341,8 @@ def register_worker(
             "cpu_slots": cpu_slots,
             "last_seen": timezone.now(),
             "current_run_id": current_run_id,
+            "beat_pid": beat_pid,
+            "beat_alive": beat_alive,
         },
     )
 

@@ -26,13 +26,21 @@ from lab.jobs.worker_state import CURRENT_RUN, SHUTDOWN
 log = logging.getLogger("jobs")
 REGISTRY_PERIOD_S = 5.0
 _stop = threading.Event()
+KEEP_ROW = threading.Event()  # set when the worker stops because its scheduler died
 
 
-def _registry_loop(hostname: str, queues: list[str]) -> None:
+def _registry_loop(hostname: str, queues: list[str], beat=None) -> None:
+    """Keep this worker's row fresh. With an embedded scheduler (``beat``, the
+    reconciler's ``celery worker -B`` child), also report whether it lives: a
+    scheduler that died (a kill -9, an OOM kill) sends no reconcile any more, so
+    the worker records it (``/api/health`` reports the reconciler down, naming the
+    scheduler) and stops itself; ``make up`` then stops everything with a message,
+    and a supervisor that restarts services (docker-compose) starts a whole one."""
     from lab.jobs import capacity, services
 
     owns = capacity.this_worker()
     while not _stop.is_set():
+        beat_alive = beat.is_alive() if beat is not None else None
         try:
             close_old_connections()
             services.register_worker(
@@ -43,10 +51,27 @@ def _registry_loop(hostname: str, queues: list[str]) -> None:
                 gpus=owns.gpus,
                 cpu_slots=owns.cpu_slots,
                 current_run_id=CURRENT_RUN["id"],
+                beat_pid=getattr(beat, "pid", None),
+                beat_alive=beat_alive,
             )
         except Exception:  # a DB hiccup must not kill the worker; retry next period
             log.exception("worker registry update failed")
+        if beat_alive is False:
+            _scheduler_lost(beat)
+            return
         _stop.wait(REGISTRY_PERIOD_S)
+
+
+def _scheduler_lost(beat) -> None:
+    """The embedded scheduler died: keep the row that says so, and stop the worker."""
+    message = (
+        f"the reconciler's scheduler (celery beat, pid {beat.pid}) died with exit code "
+        f"{beat.exitcode}; stopping this worker so that it is restarted whole"
+    )
+    log.critical(message)
+    print(message, file=sys.stderr, flush=True)
+    KEEP_ROW.set()  # /api/health names the dead scheduler until the row ages out
+    os.kill(os.getpid(), signal.SIGTERM)  # warm shutdown: nothing of a run is lost
 
 
 @worker_ready.connect
@@ -64,8 +89,9 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
     print(f"worker owns {owns.describe()}", file=sys.stderr, flush=True)
     hostname = sender.hostname
     queues = sorted(sender.app.amqp.queues.consume_from.keys())
+    beat = getattr(getattr(sender, "controller", None), "beat", None)  # worker -B's child
     threading.Thread(
-        target=_registry_loop, args=(hostname, queues), name="lab-registry", daemon=True
+        target=_registry_loop, args=(hostname, queues, beat), name="lab-registry", daemon=True
     ).start()
 
 
@@ -78,7 +104,7 @@ def _on_shutting_down(**_kwargs) -> None:
 def _on_shutdown(sender=None, **_kwargs) -> None:
     _stop.set()
     hostname = getattr(sender, "hostname", None)
-    if hostname:
+    if hostname and not KEEP_ROW.is_set():
         try:
             from lab.jobs import services
 

@@ -19,7 +19,7 @@ from django.db import DatabaseError, close_old_connections
 from lab.assets import services as assets
 from lab.jobs import services, supervisor
 from lab.jobs.worker_state import SHUTDOWN
-from lab.runs import exports
+from lab.runs import exports, lifecycle
 from lab.runs.metrics.seal import seal_unsealed_runs
 
 CLAIM_RETRY_MAX_S = 60
@@ -75,6 +75,8 @@ def reconcile() -> list[tuple[int, str]]:
     # Queued runs whose wake-up the broker lost (restarted without its data, a
     # publish that failed at submit): the database is the queue of record.
     actions += services.republish_queued_runs(settings.LAB_REPUBLISH_AFTER_S)
+    # External runs that stopped reporting (a job killed without ending its run).
+    lifecycle.mark_lost_external_runs(settings.LAB_EXTERNAL_LOST_AFTER_S)
     # Final runs without metric columns (finished before columns existed, or
     # rows rewritten by a lost worker afterwards): the compare pages read faster.
     seal_unsealed_runs()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from lab.configs import CONFIG_PREFIX, Overrides, check_reward_function, resolve_config
@@ -24,7 +26,7 @@ from lab.experiments.rights import NotAllowed, check_can_queue, check_priority_a
 from lab.runs.dispatch import new_task_id, send_run_on_commit
 from lab.runs.limits import check_new_runs
 from lab.runs.metrics.seal import seal_metrics
-from lab.runs.models import Run, RunStatus
+from lab.runs.models import Run, RunOrigin, RunStatus
 from lab.text import clean_text
 from trainer.config import ExperimentConfig
 from trainer.errors import FieldError
@@ -275,6 +277,27 @@ def cancel_run(run: Run, *, user) -> Run:
         seal_metrics(run.pk)
     run.refresh_from_db()
     return run
+
+
+def mark_lost_external_runs(after_s: float) -> list[int]:
+    """External runs (trained elsewhere, logged through lab.tracking) that sent nothing
+    for ``after_s`` seconds become ``lost``: a job killed without ending its run
+    (a verl job's host gone) would otherwise stay running, and count as a surviving
+    seed, for ever. A conditional UPDATE on the last contact, so a run that writes
+    at the same moment stays running. Returns the runs marked."""
+    cutoff = timezone.now() - timedelta(seconds=after_s)
+    silent = Run.objects.filter(status=RunStatus.RUNNING, origin=RunOrigin.EXTERNAL).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+    )
+    marked = list(silent.values_list("pk", flat=True)[:1000])
+    if marked:
+        Run.objects.filter(pk__in=marked).filter(
+            Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True), status=RunStatus.RUNNING
+        ).update(
+            status=RunStatus.LOST,
+            error=f"sent nothing for {after_s:g} s (LAB_EXTERNAL_LOST_AFTER_S): outcome unknown",
+        )
+    return marked
 
 
 @transaction.atomic

@@ -36,6 +36,10 @@ class RunStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # An external run that sent nothing for LAB_EXTERNAL_LOST_AFTER_S: its outcome is
+    # unknown (not a seed of the stability review); it is running again if it reports
+    # again, or its owner ends it from its page.
+    LOST = "lost"
 
 
 class RunOrigin(models.TextChoices):

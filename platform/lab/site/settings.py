@@ -13,6 +13,7 @@ Environment variables:
     LAB_HEARTBEAT_S         worker heartbeat period while a run trains, seconds
     LAB_STALE_AFTER_S       a running run whose heartbeat is older than this is requeued
     LAB_MAX_ATTEMPTS        attempts before a run that keeps losing its worker is failed
+    LAB_EXTERNAL_LOST_AFTER_S  an external run silent this long becomes "lost" (default 3600)
     LAB_LEASE_S             a trainer whose worker stopped renewing its lease stops (default STALE/2)
     LAB_REPUBLISH_AFTER_S   the reconciler re-sends the wake-up of a run queued this long
     LAB_DB_IDLE_TRANSACTION_MS  PostgreSQL ends a session idle in a transaction this long (60000)
@@ -324,6 +325,9 @@ LAB_LEASE_S = float(os.environ.get("LAB_LEASE_S", LAB_STALE_AFTER_S / 2))
 # gets a new one from the reconciler (the broker lost it).
 LAB_REPUBLISH_AFTER_S = float(os.environ.get("LAB_REPUBLISH_AFTER_S", 60))
 LAB_MAX_ATTEMPTS = int(os.environ.get("LAB_MAX_ATTEMPTS", 3))
+# An external run (MLflow, TensorBoard import) that sends nothing this long becomes
+# "lost" (its outcome unknown); a write revives it, its owner may end it.
+LAB_EXTERNAL_LOST_AFTER_S = float(os.environ.get("LAB_EXTERNAL_LOST_AFTER_S", 3600))
 LAB_RECONCILE_EVERY_S = float(os.environ.get("LAB_RECONCILE_EVERY_S", 15))
 LAB_METRICS_BATCH = int(os.environ.get("LAB_METRICS_BATCH", 500))
 LAB_POLL_S = float(os.environ.get("LAB_POLL_S", 0.5))

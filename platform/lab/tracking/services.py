@@ -78,6 +78,9 @@ LAB_TO_MLFLOW_STATUS = {
     RunStatus.SUCCEEDED: "FINISHED",
     RunStatus.FAILED: "FAILED",
     RunStatus.CANCELLED: "KILLED",
+    # MLflow has no such state: a lost run has not ended, and its client may still
+    # log (which makes it running again). The lab's pages say "lost".
+    RunStatus.LOST: "RUNNING",
 }
 
 
@@ -138,6 +141,7 @@ def create_run(
             origin=RunOrigin.EXTERNAL,
             source=source,
             started_at=timezone.now(),
+            heartbeat_at=timezone.now(),
             total_steps=1,
         )
         tracked = TrackedRun(
@@ -403,6 +407,14 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
         )
     if run.deleted_at is not None and not deleted_ok:
         raise invalid(f"The run {run.pk} must be in the 'active' state. Current state is deleted.")
+    # Every write is a sign of life: the run's last contact, and a run marked lost
+    # (silent past LAB_EXTERNAL_LOST_AFTER_S) that reports again is running again.
+    now = timezone.now()
+    revived = {"status": RunStatus.RUNNING, "error": ""} if run.status == RunStatus.LOST else {}
+    Run.all_objects.filter(pk=run.pk).update(heartbeat_at=now, **revived)
+    run.heartbeat_at = now
+    for field, value in revived.items():
+        setattr(run, field, value)
     return run, tracked
 
 

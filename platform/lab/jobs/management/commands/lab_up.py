@@ -45,6 +45,16 @@ from lab.runs.demo import DEMO_EXPERIMENT, DEMO_USER, queue_demo
 STOP_GRACE_S = 60.0
 
 
+def _last_lines(log: Path, count: int = 3) -> str:
+    """Why a process stopped: its log's last CRITICAL or ERROR line, else its last lines."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    alarms = [line for line in lines if "CRITICAL/" in line or "ERROR/" in line]
+    return "".join(f"\n  {line}" for line in (alarms[-1:] or lines[-count:]))
+
+
 def worker_slots() -> int:
     """One CPU worker per core the process may use: each run trains on one thread."""
     try:
@@ -170,17 +180,19 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        lost = None
         try:
             while not stopping["flag"]:
                 for name, proc in procs:
                     if proc.poll() is not None:
-                        self.stderr.write(
-                            f"{name} exited with {proc.returncode}; see {var}/{name}.log"
-                        )
+                        lost = f"{name} exited with {proc.returncode}; see {var}/{name}.log"
+                        self.stderr.write(lost + _last_lines(var / f"{name}.log"))
                         stopping["flag"] = True
                 time.sleep(0.5)
         finally:
             self._stop(procs)
+        if lost is not None:  # a part died (the reconciler's scheduler, a worker): say so
+            raise CommandError(f"stopped everything: {lost}", returncode=1)
 
     def _demo_user(self, var: Path) -> tuple[str, str]:
         """A demo superuser whose password is set once and kept in var/.
