@@ -1,6 +1,6 @@
 """Shared timing and reporting helpers for the benchmark scripts.
 
-The protocol every bench that compares variants follows (docs/benchmarks.md,
+The protocol every bench that compares variants follows (docs/benchmarks-archive.md,
 "How the benches time"), built for a shared, loaded machine:
 
 * Two clocks per call: wall time (``time.perf_counter``) and CPU time. CPU
