@@ -1,5 +1,5 @@
 """MLflow ingestion through the real client: the lab against a real ``mlflow server``
-(docs/benchmarks.md, "MLflow ingestion: the lab against an MLflow server").
+(docs/benchmarks-archive.md, "MLflow ingestion: the lab against an MLflow server"; the current figure in docs/benchmarks.md).
 
 Both servers run as they are deployed on one machine: the lab under gunicorn
 (``lab.jobs.launch.web_command``, SQLite), ``mlflow server`` with a SQLite backend

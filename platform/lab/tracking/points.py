@@ -129,7 +129,7 @@ def keep_as_logged(run_id: int, points: list[Point]) -> None:
     One ``INSERT ... ON CONFLICT DO NOTHING`` run over all rows (the DB-API's
     executemany; SQLite and PostgreSQL both take the clause): the ORM's bulk_create
     spent 160 ms per 1,000 points building model instances and SQL, this takes a
-    few (docs/benchmarks.md, "MLflow ingestion")."""
+    few (docs/benchmarks-archive.md, "MLflow ingestion")."""
     if not points:
         return
     quote = connection.ops.quote_name
