@@ -3,7 +3,7 @@ its first request.
 
 The stability review fits Cox models and bootstrap intervals (lifelines, scipy,
 pandas: about 3 s of imports on a loaded 2-core machine), imported lazily so that
-a web process starts fast and small (docs/benchmarks.md, "Web process start").
+a web process starts fast and small (docs/benchmarks-archive.md, "Web process start").
 Without this, the first review of a process waits for them; with it, they load
 while the user is on the page before (a login, the experiment page), and the
 review itself takes its warm time (bench/bench_review.py). Off where

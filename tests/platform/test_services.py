@@ -20,6 +20,9 @@ from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import MetricStep, Run, RunStatus
 from trainer.errors import FieldError
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 def _finish(*run_list: Run, sealed: bool) -> int:
     """Make the runs final, their metrics kept as columns or not (a run finished
