@@ -1,4 +1,4 @@
-"""MLflow log-batch ingestion into the lab's metric store (docs/benchmarks.md, "MLflow
+"""MLflow log-batch ingestion into the lab's metric store (docs/benchmarks-archive.md, "MLflow
 log-batch ingestion").
 
 A verl-like stream (``--keys`` scalars a step, some under verl's own names so the

@@ -9,9 +9,10 @@ In at most ``--budget-s`` seconds on one GPU it records:
    phase boundaries on CUDA) for the tiny MoE preset and the GPU presets.
 2. ``rollout``: rollout tokens/s of the engine against transformers'
    ``generate()`` on the same Mixtral-shaped model and weights.
-3. ``moe_layer``: an MoE layer's forward+backward against the dense SwiGLU with
-   the same active parameters, and the MFU of each (6 x active params x tokens
-   FLOPs over the device's dense peak).
+3. ``moe_layer``: an MoE layer's forward+backward, reference and fused
+   experts, against the dense SwiGLU with the same active parameters, the MFU
+   of each (6 x active params x tokens FLOPs over the device's dense peak), and
+   the router, grouped GEMMs and experts blocks apart (bench/device_rows/moe_layer.py).
 4. ``collectives``: NCCL ``all_reduce`` and ``all_to_all`` bus bandwidth over
    the GPUs present (nccl-tests' bus-bandwidth convention).
 5. ``numerics``: CPU-vs-GPU parity of training log-probs (same weights, same
@@ -19,6 +20,12 @@ In at most ``--budget-s`` seconds on one GPU it records:
 6. ``same_seed``: the spread of two same-seed short runs, with
    ``run.deterministic`` off and on.
 7. ``gpu_tests``: the ``gpu``-marked tests (``tests/trainer/test_gpu.py``).
+8. ``decode``: bucketed compiled decode against eager at batch 64 and 1,024, each
+   against its memory roofline (bench/device_rows/decode.py).
+9. ``packed``: aggregate RL steps per second with 1, 4, 8 and 16 runs packed on
+   one GPU, without and with CUDA MPS (bench/device_rows/packed.py).
+10. ``trl``: TRL's GRPOTrainer against the lab's RL step on the same 15.5M
+   Qwen3-MoE checkpoint (bench/device_rows/trl.py).
 
 It writes ``device_check.json`` and ``device_check.md`` into ``--out``. Without
 CUDA (or with ``--dry``) every check runs its code path at a tiny shape on the
@@ -45,13 +52,14 @@ from typing import Any
 import torch
 
 from bench.common import environment, median_device_seconds
+from bench.device_rows.decode import decode
+from bench.device_rows.moe_layer import moe_layer
+from bench.device_rows.packed import packed
+from bench.device_rows.trl import trl
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "device_check"
 GPU_TESTS = ["tests/trainer/test_gpu.py"]  # every gpu-marked test (tests/test_guards.py)
-# Dense bf16 tensor-core peaks (FLOP/s) by device name, from the vendors' data sheets
-# (SXM parts; without sparsity). A device not listed gets no MFU.
-BF16_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
 @dataclass
@@ -188,66 +196,6 @@ def rollout(ctx: Context) -> dict[str, Any]:
         "engine_tokens_per_s": tokens / times["engine"],
         "transformers_tokens_per_s": tokens / times["transformers"],
         "speedup": times["transformers"] / times["engine"],
-    }
-
-
-# --------------------------------------------------------------------------- 3. MoE layer
-def _peak_flops(ctx: Context) -> float | None:
-    if ctx.device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(ctx.device)
-    return next((peak for key, peak in BF16_PEAK_FLOPS.items() if key in name), None)
-
-
-def moe_layer(ctx: Context) -> dict[str, Any]:
-    from trainer.model.layers import SwiGLU
-    from trainer.model.moe import MoELayer
-
-    d, experts, top_k, hidden, tokens = (
-        (64, 8, 2, 128, 256) if ctx.dry else (2048, 64, 8, 1024, 16384)
-    )
-    dtype = torch.float32 if ctx.device.type == "cpu" else torch.bfloat16
-    torch.manual_seed(0)
-    moe = MoELayer(d, experts, top_k, hidden).to(ctx.device, dtype)
-    dense = SwiGLU(d, top_k * hidden).to(ctx.device, dtype)
-    # (B, T, D): 8 sequences of tokens / 8
-    x = torch.randn(8, tokens // 8, d, device=ctx.device, dtype=dtype, requires_grad=True)
-    grad = torch.randn_like(x)
-
-    def step(fn):
-        def run():
-            x.grad = None
-            fn(x).backward(grad)
-
-        return run
-
-    repeats = 2 if ctx.dry else 10
-    seconds = {
-        "moe": median_device_seconds(step(lambda t: moe(t)[0]), ctx.device, repeats),
-        "dense_active": median_device_seconds(step(dense), ctx.device, repeats),
-    }
-    active = 3 * d * hidden * top_k + d * experts  # SwiGLU experts routed to, and the router
-    flops = 6 * active * tokens  # forward 2, backward 4 FLOPs per parameter and token
-    peak = _peak_flops(ctx)
-    from trainer.model.dispatch import resolve_backend
-
-    backend = resolve_backend(moe.experts.backend, x, (d, hidden))
-    return {
-        "status": "ran",
-        "shape": {
-            "d_model": d,
-            "experts": experts,
-            "top_k": top_k,
-            "expert_hidden": hidden,
-            "tokens": tokens,
-            "dtype": str(dtype).removeprefix("torch."),
-        },
-        "backend": backend,
-        "moe_ms": 1000 * seconds["moe"],
-        "dense_active_ms": 1000 * seconds["dense_active"],
-        "moe_over_dense": seconds["moe"] / seconds["dense_active"],
-        "mfu_moe": None if peak is None else flops / seconds["moe"] / peak,
-        "mfu_dense_active": None if peak is None else flops / seconds["dense_active"] / peak,
     }
 
 
@@ -397,6 +345,9 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "numerics": numerics,
     "same_seed": same_seed,
     "gpu_tests": gpu_tests,
+    "decode": decode,
+    "packed": packed,
+    "trl": trl,
 }
 
 

@@ -19,7 +19,7 @@ at r x its roofline leaves r - 1 of its time to launches, syncs and compute.
 from __future__ import annotations
 
 from trainer.config import ModelConfig
-from trainer.model.param_count import model_params, swiglu_params
+from trainer.model.param_count import model_params
 
 # HBM bandwidth by device name (bytes/s, SXM parts): H200 4.8 TB/s (HBM3e),
 # H100 3.35 TB/s (HBM3), A100 80GB 2.039 TB/s (HBM2e).
@@ -38,7 +38,7 @@ def decode_step_bytes(
     """Bytes one decode step of ``batch`` rows reads, attending over ``columns`` cache
     columns (the mean over a rollout's steps), at ``width_bytes`` per element."""
     d = cfg.d_model
-    expert = swiglu_params(d, cfg.expert_hidden)
+    expert = 3 * d * cfg.expert_hidden  # a SwiGLU expert: gate, up (D x H) and down
     moe_layers = sum(cfg.is_moe_block(i) for i in range(cfg.n_layers))
     dense = model_params(cfg, vocab) - vocab * d - moe_layers * cfg.n_experts * expert
     if cfg.tie_embeddings:  # the head is the embedding table, read whole

@@ -5,10 +5,17 @@ costs ~0.3 s per user created, which fixtures pay hundreds of times), no
 PostgreSQL idle-transaction timeout for the test process itself (a database
 test is one transaction, idle while it trains a model in-process), and a
 closing list of tests that took over ``SLOW_TEST_S`` seconds without the
-``slow`` mark, so the mark stays honest.
+``slow`` mark, so the mark stays honest; and no background warm-up of the
+review's imports (``LAB_WARM_IMPORTS=0``).
 """
 
+import os
+
 import pytest
+
+# The web process's background import of the review's statistics
+# (dashboard/web/warmup.py) would cost every test process its CPU.
+os.environ.setdefault("LAB_WARM_IMPORTS", "0")
 
 SLOW_TEST_S = 5.0
 _unmarked_slow: list[tuple[str, float]] = []

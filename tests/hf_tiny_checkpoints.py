@@ -189,6 +189,17 @@ def save_hf_checkpoint(
     return model
 
 
+def import_checkpoint(folder: Path, max_seq_len: int = 256):
+    """The lab's (model config, eval-mode model) for a checkpoint folder, as a run
+    imports it (``resolve_model_source`` + ``build_model``)."""
+    from trainer.config import ExperimentConfig
+    from trainer.hf import build_model, resolve_model_source
+
+    data = {"model": {"source": str(folder), "max_seq_len": max_seq_len}}
+    model_cfg = resolve_model_source(ExperimentConfig.model_validate(data)).model
+    return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
+
+
 def save_char_tokenizer(folder: Path, characters: str | None = None) -> None:
     """A character-level tokenizer.json (+ tokenizer_config.json) covering the
     lab's task alphabet (or ``characters``), made with the ``tokenizers``

@@ -113,6 +113,82 @@ def test_every_repository_path_design_md_names_exists():
     assert missing == []
 
 
+# Django app labels as docs/design.md names models (``runs.Comment``) -> the models module.
+APP_MODELS = {
+    "experiments": "platform/lab/experiments/models.py",
+    "runs": "platform/lab/runs/models.py",
+    "jobs": "platform/lab/jobs/models.py",
+    "assets": "platform/lab/assets/models.py",
+    "tracking": "platform/lab/tracking/models.py",
+    "dashboard": "dashboard/review/models.py",
+}
+RUN_FOLDER_FILES = (".log", ".json", ".jsonl", ".pt")
+
+
+def _defines(path: Path, name: str) -> bool:
+    """``name`` is bound at the top level of the module at ``path`` (a function, a
+    class, an assignment or an import)."""
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == name:
+                return True
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(getattr(t, "id", None) == name for t in targets):
+                return True
+        elif isinstance(node, ast.Import | ast.ImportFrom) and any(
+            (a.asname or a.name.split(".")[0]) == name for a in node.names
+        ):
+            return True
+    return False
+
+
+def _module_file(dotted: str) -> Path | None:
+    parts = dotted.split(".")
+    base = ROOT / "platform" if parts[0] == "lab" else ROOT
+    for candidate in (
+        base.joinpath(*parts).with_suffix(".py"),
+        base.joinpath(*parts, "__init__.py"),
+    ):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def test_every_module_and_name_design_md_cites_exists():
+    """Each dotted name in backticks (``trainer.run_folder.files``,
+    ``trainer.analysis.collapse.rejudge_collapse``, ``lab.runs.exports.run_export``)
+    is a module, or a name a module defines; ``label.Model`` is a model of that
+    Django app. File names of the run folder (``trainer.log``) are not modules."""
+    import re
+
+    missing = []
+    for token in sorted(set(re.findall(r"`([a-z_]+(?:\.[A-Za-z_]\w*)+)`", DESIGN.read_text()))):
+        parts = token.split(".")
+        if token.endswith(RUN_FOLDER_FILES):
+            continue
+        if parts[0] in APP_MODELS and len(parts) == 2 and parts[1][0].isupper():
+            if not _defines(ROOT / APP_MODELS[parts[0]], parts[1]):
+                missing.append(token)
+            continue
+        if parts[0] not in ("trainer", "lab", "dashboard", "integrations", "bench"):
+            continue
+        if _module_file(token):
+            continue
+        # the longest prefix that is a module; the next part must be a name it defines
+        for cut in range(len(parts) - 1, 0, -1):
+            module = _module_file(".".join(parts[:cut]))
+            if module is not None:
+                if not _defines(module, parts[cut]):
+                    missing.append(token)
+                break
+        else:
+            missing.append(token)
+    assert missing == [], "docs/design.md names modules or names that do not exist"
+
+
 PRODUCT_FOLDERS = ("trainer", "platform", "dashboard", "integrations")
 MAX_PRODUCT_LINES = 500
 

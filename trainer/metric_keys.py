@@ -282,6 +282,15 @@ class MetricSpec:
     def axis_title(self) -> str:
         return f"{self.title} ({self.unit})" if self.unit and not self.is_share else self.title
 
+    @property
+    def bounds(self) -> tuple[float | None, float | None]:
+        """The values the metric can take by its definition, (low, high), None where
+        unbounded: a share lies in [0, 1]; ``PHYSICAL_BOUNDS`` holds the others. A
+        chart's axis never runs past them, and a band is cut at them."""
+        if self.is_share:
+            return (0.0, 1.0)
+        return PHYSICAL_BOUNDS.get(self.key, (None, None))
+
 
 # The run page's sections, in page order.
 SECTION_REWARD = "Reward and accuracy"
@@ -452,6 +461,30 @@ _SPECS: tuple[MetricSpec, ...] = (
         scale=KL_SCALE,
     ),
 )
+
+# What a metric can be by its definition, beyond shares (in [0, 1]): k3 = r - 1 - log r
+# >= 0 per token; norms, entropies, lengths, temperatures, |log-ratios| and MaxVio
+# ((max load - mean) / mean) are >= 0; a cosine lies in [-1, 1]. k1 = -log r and the
+# chi-square estimates can go below 0 and are not listed.
+PHYSICAL_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    **{
+        key: (0.0, None)
+        for key in (
+            MISMATCH_KL_K3,
+            MISMATCH_KL_K3_MAX,
+            POLICY_ROLLOUT_K3,
+            RESPONSE_LENGTH_MEAN,
+            EXPERTS_UTILIZATION,
+            EXPERTS_MAX_VIOLATION,
+            EXPERTS_ROUTER_ENTROPY,
+            ROUTER_TEMPERATURE,
+            POLICY_GRAD_NORM,
+            IS_SEQ_LOG_RATIO_ABS,
+            IS_SEQ_LOG_RATIO_MAX,
+        )
+    },
+    GRADS_COS_POLICY_AUX: (-1.0, 1.0),
+}
 
 # key -> spec. The dashboards read it at call time, so an added entry shows up
 # without any other change.

@@ -13,12 +13,14 @@ the run's first steps), ``summary`` (``collapsed``, ``collapse_step``, ``steps``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
 
+from dashboard.charts.figures.collapse import KEY_COLOR
 from dashboard.charts.style import base_layout, color_of
 from trainer.analysis.run_record import RunRecord
 
@@ -38,9 +40,33 @@ def applies(records: Sequence[RunRecord]) -> bool:
     return len(gaps) >= 2 and max(gaps) - min(gaps) >= MIN_GAP_SPREAD
 
 
+# A fitted hazard ratio past these, or an interval spanning more than DEGENERATE_SPAN,
+# is a fit that ran off (complete or quasi-complete separation: every collapse in
+# one group), not an estimate: it is said in words, and its p-value left out of Holm.
+DEGENERATE_HR = 1e4
+DEGENERATE_SPAN = 1e6
+NOT_ESTIMABLE = (
+    "not estimable: the collapses fall in one group only (separation), so the fit "
+    "has no finite hazard ratio"
+)
+
+
+def degenerate(effect: dict[str, float] | None) -> bool:
+    """The fit gave no usable estimate (see DEGENERATE_HR)."""
+    if not effect:
+        return False
+    values = [effect["hr"], effect["hr_low"], effect["hr_high"]]
+    if not all(math.isfinite(v) for v in values) or min(values) <= 0:
+        return True
+    hr, low, high = values
+    return not (1 / DEGENERATE_HR < hr < DEGENERATE_HR) or high / low > DEGENERATE_SPAN
+
+
 def _hr(effect: dict[str, float] | None) -> str:
     if not effect:
         return "-"
+    if degenerate(effect):
+        return NOT_ESTIMABLE
     return (
         f"{effect['hr']:.2f} [{effect['hr_low']:.2f}, {effect['hr_high']:.2f}], "
         f"p = {effect['p']:.3g}"
@@ -64,11 +90,12 @@ def effects(records: Sequence[RunRecord]) -> dict[str, Any]:
         arch = architecture_model(frame)
     except (ConvergenceError, ValueError, ArithmeticError):
         arch = None
-    raw = {
-        "H1": dose and dose["gap"]["p"],
-        "H2": dose and dose.get("r3_interaction", {}).get("p"),
-        "H3": arch and arch["moe"]["p"],
+    tested = {
+        "H1": dose and dose["gap"],
+        "H2": dose and dose.get("r3_interaction"),
+        "H3": arch and arch["moe"],
     }
+    raw = {k: None if not e or degenerate(e) else e["p"] for k, e in tested.items()}
     present = [k for k, v in raw.items() if v is not None]
     adjusted = dict(zip(present, holm([raw[k] for k in present]), strict=True))
 
@@ -103,7 +130,9 @@ def effects(records: Sequence[RunRecord]) -> dict[str, Any]:
 
 def gap_scatter(records: Sequence[RunRecord], colors: dict[str, str] | None = None) -> go.Figure:
     """Each run at its routing gap (x, %) and its time to collapse (y): filled when
-    it collapsed, open when censored at its last step; one colour per variant."""
+    it collapsed, open when censored (its step count, the least its collapse step
+    could be); one colour per variant, one legend entry per variant and a key to
+    the two marks."""
     fig = go.Figure()
     by_variant: dict[str, list[RunRecord]] = {}
     for record in records:
@@ -111,6 +140,7 @@ def gap_scatter(records: Sequence[RunRecord], colors: dict[str, str] | None = No
     for variant in sorted(by_variant):
         members = by_variant[variant]
         color = color_of(variant, colors)
+        first = True
         for collapsed, symbol in ((True, "circle"), (False, "circle-open")):
             chosen = [m for m in members if m.collapsed == collapsed]
             if not chosen:
@@ -121,20 +151,38 @@ def gap_scatter(records: Sequence[RunRecord], colors: dict[str, str] | None = No
                     y=[m.time for m in chosen],
                     mode="markers",
                     marker={"color": color, "symbol": symbol, "size": 9},
-                    name=f"{variant} ({'collapsed' if collapsed else 'censored'})",
+                    name=variant,
+                    legendgroup=variant,
+                    showlegend=first,
                     text=[f"seed {m.seed}, base {m.base}" for m in chosen],
-                    hovertemplate="%{text}<br>gap %{x:.1f}%<br>step %{y}<extra></extra>",
+                    hovertemplate=(
+                        f"{variant} ({'collapsed' if collapsed else 'censored'})<br>%{{text}}"
+                        "<br>gap %{x:.1f}%<br>step %{y}<extra></extra>"
+                    ),
+                    cliponaxis=False,
+                    meta={"variant": variant, "role": "collapsed" if collapsed else "censored"},
                 )
             )
-    steps = [r.steps for r in records] or [1]
+            first = False
+    for name, symbol in (("collapsed", "circle"), ("never collapsed (censored)", "circle-open")):
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=name,
+                marker={"symbol": symbol, "size": 9, "color": KEY_COLOR},
+                hoverinfo="skip",
+                meta={"role": "key", "export": False},
+            )
+        )
     layout = base_layout(
         title="Time to collapse against the routing gap",
         x_title="routing gap at the start (% of token-layer pairs)",
-        y_title="collapse step (open: never, censored)",
+        y_title="collapse step, or steps run if censored",
         uirevision="causal-gap",
         hovermode="closest",
     )
-    layout["xaxis"]["rangemode"] = "tozero"
-    layout["yaxis"]["range"] = [0, 1.05 * max(steps)]
+    layout["meta"] = {"x_bounds": [0, 100], "y_bounds": [0, None]}
     fig.update_layout(**layout)
     return fig

@@ -99,7 +99,7 @@ def _lttb_indices(x: np.ndarray, y: np.ndarray, budget: int) -> np.ndarray:
 
     The kernel is tsdownsample's MinMaxLTTB (Rust): LTTB run on the minima and
     maxima of ``4 * budget`` equal-count buckets instead of on every point, which
-    keeps LTTB's choice of spikes at a fraction of the cost (docs/benchmarks.md,
+    keeps LTTB's choice of spikes at a fraction of the cost (docs/benchmarks-archive.md,
     "Downsampling": 8x faster than the pure-Python LTTB loop it replaced).
     """
     n = y.size

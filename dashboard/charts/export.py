@@ -31,6 +31,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.utils import PlotlyJSONEncoder
 
+from dashboard.charts.layout import fit_layout
+
 
 def _plain(value: Any) -> Any:
     """A JSON/CSV-friendly scalar: numpy -> Python, NaN/inf -> None."""
@@ -59,7 +61,7 @@ def _trace_record(trace: Any) -> dict[str, Any]:
         "name": trace.name or "",
         "type": trace.type,
         "x": _column(meta.get("export_x", trace.x)),
-        "y": _column(trace.y),
+        "y": _column(meta.get("export_y", trace.y)),
     }
     if trace.type == "heatmap":
         record["z"] = [_column(row) for row in np.asarray(trace.z, dtype=np.float64)]
@@ -130,8 +132,9 @@ def figure_payload(fig: go.Figure, *, running: bool = False, **extra: Any) -> st
 
 
 def figure_dict(fig: go.Figure, *, running: bool = False, **extra: Any) -> dict[str, Any]:
-    """``figure_payload`` before encoding, to put several charts in one body."""
-    return {"figure": fig.to_plotly_json(), "running": running, **extra}
+    """``figure_payload`` before encoding, to put several charts in one body; the
+    figure laid out by the one rule every chart follows (``dashboard.charts.layout``)."""
+    return {"figure": fit_layout(fig).to_plotly_json(), "running": running, **extra}
 
 
 def encode_payload(body: Any) -> str:

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboard.charts.stability import KL_SCALE, StabilityRow
-from trainer.analysis.intervals import mean_ci
+from trainer import metric_keys as mk
+from trainer.analysis.intervals import mean_interval
 from trainer.analysis.kaplan_meier import log_rank, median_survival
 
 REFERENCE_VARIANT = "moe-grpo"
 DOSE_LEVELS = ("fp32", "fp16", "bf16", "fp8")  # rollout precision, no gap -> largest gap
 MISSING = "-"
+KL_BOUNDS = mk.metric_spec(mk.MISMATCH_KL_K3).bounds  # k3 >= 0
 
 
 @dataclass(frozen=True)
@@ -63,18 +65,23 @@ def reference_of(rows: Sequence[StabilityRow], chosen: str | None = None) -> str
 def _median_label(times: list[int], events: list[bool]) -> str:
     ci = median_survival(times, events)
     if ci.median is None:
-        return f"not reached (> {max(times)})" if times else MISSING
+        return f"not reached (>= {max(times)})" if times else MISSING
     low = MISSING if ci.low is None else str(ci.low)
     high = "open" if ci.high is None else str(ci.high)
     return f"{ci.median} [{low}, {high}]"
 
 
-def _ci_label(values: list[float], scale: float, digits: int) -> str:
-    ci = mean_ci([v * scale for v in values if math.isfinite(v)])
+def _ci_label(
+    values: list[float], scale: float, digits: int, bounds: tuple[float | None, float | None]
+) -> str:
+    """ "mean [low, high] (method, n)": the interval says what it rests on; with one
+    seed there is none; it never reaches past the quantity's bounds."""
+    ci = mean_interval([v * scale for v in values if math.isfinite(v)], bounds=bounds)
     if ci is None:
         return MISSING
-    mean, low, high = ci
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    if ci.method == "none":
+        return f"{ci.mean:.{digits}f} (1 seed: no interval)"
+    return f"{ci.mean:.{digits}f} [{ci.low:.{digits}f}, {ci.high:.{digits}f}] ({ci.method}, n = {ci.n})"
 
 
 def survival_rows(rows: Sequence[StabilityRow], chosen: str | None = None) -> list[SurvivalRow]:
@@ -97,7 +104,10 @@ def survival_rows(rows: Sequence[StabilityRow], chosen: str | None = None) -> li
                 median=_median_label(times, events),
                 logrank_p=p,
                 kl_ci=_ci_label(
-                    [s.kl_k3 for s in row.seeds if s.kl_kind == row.kl_kind], KL_SCALE, 3
+                    [s.kl_k3 for s in row.seeds if s.kl_kind == row.kl_kind],
+                    KL_SCALE,
+                    3,
+                    KL_BOUNDS,
                 ),
             )
         )

@@ -82,6 +82,13 @@ def metric_axis(key: str) -> dict[str, Any]:
     return axis
 
 
+def metric_bounds(key: str) -> list[float | None]:
+    """The metric's physical bounds in the unit it is drawn in (the registry's scale
+    applied), for ``layout.meta["y_bounds"]`` (dashboard.charts.layout)."""
+    spec = mk.metric_spec(key)
+    return [None if b is None else b * spec.scale for b in spec.bounds]
+
+
 def share_tickformat(values: Iterable[Any]) -> str:
     """Percent ticks with as many decimals as the data's range needs: about five
     ticks over the range, each label distinct ("0%, 0%, 1%, 1%" otherwise when

@@ -1,7 +1,10 @@
 """Collapse across seeds with censoring (docs/design.md, section 3.6).
 
 A run that never collapsed did not "collapse at its last step": we only know
-it survived at least that long. It is *right-censored* at its last step.
+it survived at least that long. It is *right-censored* at its step count, the
+number of steps it ran (its last step + 1): it ran steps 0 .. N - 1 without a
+collapse, so a collapse, if one ever came, would come at step N or later. The
+one convention of every chart, table and the study report (docs/design.md 3.6).
 Averaging censoring steps as if they were collapse steps would make a stable
 variant look like one that collapses at the end of training, so:
 
@@ -12,7 +15,7 @@ variant look like one that collapses at the end of training, so:
   before t_i; a run censored at t_i is still at risk at t_i);
 * the mean collapse step of a variant with any censored seed is reported as a
   lower bound, ">= N", N being the mean over seeds that takes each censored
-  run's last step.
+  run's step count.
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ from typing import Any
 from trainer.analysis.collapse import LOWER_BOUND_PREFIX as LOWER_BOUND_PREFIX  # re-exported
 from trainer.analysis.collapse import CollapseSummary, summarize_collapses
 
-Event = tuple[int, bool]  # (step, collapsed): collapse step, or last step if censored
+Event = tuple[int, bool]  # (step, collapsed): collapse step, or step count if censored
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     """How one run ended, as the survival analysis sees it.
 
-    ``step`` is the collapse step when ``collapsed``, else the last step the
-    run reached (its censoring step).
+    ``step`` is the collapse step when ``collapsed``, else the number of steps
+    the run ran (its censoring step: a collapse would come then or later).
     """
 
     variant: str
@@ -57,17 +60,17 @@ class RunOutcome:
     ) -> RunOutcome:
         """From a run's summary.json fields (``collapsed``, ``collapse_step``, ``steps``).
 
-        A censored run ends at ``last_step`` when given (e.g. the last step in
-        its metrics), else at ``summary["steps"]``.
+        A censored run is censored at ``last_step + 1`` when ``last_step`` is given
+        (the last step in its metrics), else at ``summary["steps"]`` (the steps run).
         """
         if summary.get("collapsed"):
             step = summary.get("collapse_step")
             if step is None:
                 raise ValueError(f"run {label or variant!r} collapsed without a collapse_step")
             return cls(variant, int(step), True, seed, label)
-        end = last_step if last_step is not None else summary.get("steps")
+        end = last_step + 1 if last_step is not None else summary.get("steps")
         if end is None:
-            raise ValueError(f"run {label or variant!r} has no last step to censor at")
+            raise ValueError(f"run {label or variant!r} has no step count to censor at")
         return cls(variant, int(end), False, seed, label)
 
 

@@ -143,14 +143,14 @@ def collapse_marker(run: Run) -> CollapseMarker | None:
 
 
 def run_outcome(run: Run, last_step: int | None) -> RunOutcome | None:
-    """Collapse step, or censoring at the last stored step (docs/design.md, section 3.6). None for a
-    run with nothing to say yet (no summary and no stored step)."""
+    """Collapse step, or censoring at the steps run: the last stored step + 1 (docs/design.md,
+    section 3.6). None for a run with nothing to say yet (no summary and no stored step)."""
     summary = dict(run.summary or {})
     if summary.get("collapsed") and summary.get("collapse_step") is not None:
         return RunOutcome(
             variant_of(run), int(summary["collapse_step"]), True, run.seed, run_label(run)
         )
-    end = last_step if last_step is not None else summary.get("steps")
+    end = last_step + 1 if last_step is not None else summary.get("steps")
     if end is None:
         return None
     return RunOutcome(variant_of(run), int(end), False, run.seed, run_label(run))

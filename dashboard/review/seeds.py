@@ -29,7 +29,7 @@ SEED_RULE = (
     "the seed count nor the \u2265 N bound." + LOST_RULE
 )
 SEED_RULE_WITH_STOPPED = (
-    "Cancelled and failed runs are included as seeds, censored at their last step "
+    "Cancelled and failed runs are included as seeds, censored at the steps they ran "
     "(or at their collapse step if they collapsed before stopping)." + LOST_RULE
 )
 

@@ -7,3 +7,8 @@ class WebConfig(AppConfig):
     name = "dashboard.web"
     label = "dashboard_web"
     verbose_name = "Stability dashboards: pages"
+
+    def ready(self) -> None:
+        from dashboard.web import warmup
+
+        warmup.connect()

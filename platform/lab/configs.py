@@ -19,7 +19,7 @@ from trainer.errors import FieldError
 from trainer.hf.tokenizer import checkpoint_task_errors
 from trainer.reward_functions import FIELD as REWARD_FIELD
 from trainer.reward_functions import permit
-from trainer.validation import validate_config
+from trainer.validation import all_errors
 
 Overrides = list[str] | Mapping[str, Any] | None
 
@@ -59,31 +59,59 @@ def resolve_config(
         data = dict(base or {})
     try:
         data = apply_overrides(data, overrides_as_strings(overrides))
-        # Before validation opens any file: a reward function the lab offers, paths
-        # inside LAB_ASSET_ROOTS, a template whose format specs cannot blow a prompt
-        # up (lab.assets.roots, prompt_cost).
-        check_reward_function(data.get("task") if isinstance(data, Mapping) else None)
-        check_config_paths(data)
-        check_config_template(data)
-        cfg = validate_config(
-            data
-        )  # imports and calls no reward function (trainer/tasks/verifiers.py)
-        check_reward_function(cfg)
-        # The checkpoint a run names is checked like a registration (headers, shapes,
-        # tokenizer), so a broken one is a field error now, not a failed run later.
-        check_model_source(cfg.model.source, "model.source")
-        # ... and the task spoken in its tokens, as the run will check it when it starts:
-        # the lengths (rollout.max_new_tokens for the longest answer, model.max_seq_len)
-        # and that its tokenizer can write a correct answer.
-        errors = checkpoint_task_errors(cfg)
-        if errors:
-            raise FieldError(errors)
-        return cfg
+        errors = _every_error(data)
     except UnicodeDecodeError as exc:  # the data reader's word for a non-UTF-8 row
         raise config_decode_error(data, exc, f"{CONFIG_PREFIX}.") from None
     except FieldError as exc:
-        # One namespace for every caller: "config.algorithm.clip_eps_low".
-        raise FieldError([(config_path(p), m) for p, m in exc.errors]) from None
+        errors = exc.errors
+    if isinstance(errors, ExperimentConfig):
+        return errors
+    # One namespace for every caller: "config.algorithm.clip_eps_low".
+    raise FieldError([(config_path(p), m) for p, m in errors])
+
+
+def _every_error(data: Mapping[str, Any]) -> ExperimentConfig | list[tuple[str, str]]:
+    """The validated config, or every error of every check in one list (a form
+    shows them all after one submit): the lab's own checks on the raw data (a
+    reward function the lab offers, paths inside LAB_ASSET_ROOTS, a template whose
+    format specs cannot blow a prompt up: before anything opens a file), the
+    schema with its rules across fields and the task's lengths, and the
+    checkpoint a run names, checked like a registration (headers, shapes,
+    tokenizer)."""
+    errors: list[tuple[str, str]] = []
+
+    def gather(check, *args) -> None:
+        try:
+            check(*args)
+        except FieldError as exc:
+            errors.extend(e for e in exc.errors if e not in errors)
+
+    task = data.get("task") if isinstance(data, Mapping) else None
+    gather(check_reward_function, task)
+    gather(check_config_paths, data)
+    gather(check_config_template, data)
+    # A refused path or reward function: the schema still speaks, but nothing the
+    # config names is opened or imported (the task's length check reads its data).
+    refused = bool(errors)
+    cfg, schema_errors = (
+        all_errors(dict(data), lengths=not refused) if isinstance(data, Mapping) else (None, [])
+    )
+    errors.extend(e for e in schema_errors if e not in errors)
+    source = (data.get("model") or {}).get("source") if isinstance(data, Mapping) else None
+    if cfg is not None and not schema_errors:
+        gather(check_reward_function, cfg)  # imports and calls no reward function
+    if cfg is not None:
+        source = cfg.model.source
+    if refused:
+        return errors
+    if isinstance(source, str) and source and not any(p == "model.source" for p, _ in errors):
+        gather(check_model_source, source, "model.source")
+    if cfg is not None and source and not any(p == "model.source" for p, _ in errors):
+        # ... and the task spoken in the checkpoint's tokens, as the run will check it
+        # when it starts: the lengths (rollout.max_new_tokens for the longest answer,
+        # model.max_seq_len) and that its tokenizer can write a correct answer.
+        errors.extend(e for e in checkpoint_task_errors(cfg) if e not in errors)
+    return errors or cfg
 
 
 def check_reward_function(task: Any, prefix: str = "") -> None:

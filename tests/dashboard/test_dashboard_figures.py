@@ -16,6 +16,7 @@ from dashboard.charts.figures import (
     seed_band,
     survival_curves,
 )
+from dashboard.charts.layout import ROW_PX, fit_layout
 from dashboard.charts.style import (
     BASELINE_COLOR,
     PALETTE,
@@ -205,20 +206,20 @@ def test_collapse_strip_draws_censored_seeds_as_lower_bounds():
     }
     fig = collapse_strip(outcomes)
     traces = _by_name(fig)
-    assert fig.layout.xaxis.ticktext == ("moe-grpo", "moe-grpo-r3")
+    assert fig.layout.yaxis.ticktext == ("moe-grpo", "moe-grpo-r3")  # a row per variant
     collapsed = traces["moe-grpo: collapsed"]
-    assert collapsed.y == (300, 500) and collapsed.marker.symbol == "circle"
+    assert collapsed.x == (300, 500) and collapsed.marker.symbol == "circle"
     assert collapsed.text is None
     censored = traces["moe-grpo-r3: censored"]
-    assert censored.y == (2000,)
-    assert censored.marker.symbol == "triangle-up-open"  # open: not an observed collapse
+    assert censored.x == (2000,)
+    assert censored.marker.symbol == "triangle-right-open"  # open: not an observed collapse
     assert censored.text == (">= 2000",)
     assert "censored" in censored.hovertext[0] and "seed 1" in censored.hovertext[0]
     assert traces["moe-grpo: mean"].text == ("400",)
     assert traces["moe-grpo-r3: mean"].text == (">= 1400",)
-    assert traces["moe-grpo-r3: mean"].y == (1400.0,)
-    # seeds of one variant sit side by side around its tick
-    assert all(0.5 < x < 1.5 for x in traces["moe-grpo-r3: collapsed"].x + censored.x)
+    assert traces["moe-grpo-r3: mean"].x == (1400.0,)
+    # seeds of one variant sit side by side within its row
+    assert all(0.5 < y < 1.5 for y in traces["moe-grpo-r3: collapsed"].y + censored.y)
 
 
 def test_collapse_strip_draws_one_label_per_censored_step_and_exports_each():
@@ -231,8 +232,8 @@ def test_collapse_strip_draws_one_label_per_censored_step_and_exports_each():
     censored = traces["r3: censored"]
     assert censored.text == ("", ">= 299", "")
     label = traces["r3: mean label"]
-    assert label.mode == "text" and label.text == (">= 299",)
-    assert label.x[0] > max(censored.x)
+    assert label.mode == "text" and label.text == ("mean >= 299",)
+    assert label.y[0] > max(censored.y)  # under the seeds (the rows run downwards)
     data = figure_data(fig)
     assert [t["name"] for t in data["traces"]] == ["r3: censored", "r3: mean"]
     assert data["traces"][0]["text"] == [">= 299"] * 3
@@ -356,20 +357,22 @@ def test_long_tick_labels_push_the_axis_title_aside():
     assert fig.layout.yaxis.automargin is True
 
 
-def test_collapse_strip_keeps_labels_and_legend_clear_of_the_axis():
-    """Six variants: the legend right of the plot (not under the rotated names and
-    the "variant" title), the x axis making room for its names, and ">= N" labels
-    above the top of the plot drawn, not clipped."""
-    outcomes = {
-        f"variant-{i}": [RunOutcome(f"variant-{i}", step=149, collapsed=False, label=f"s{i}")]
-        for i in range(6)
-    }
+def test_collapse_strip_names_its_rows_and_keys_only_its_marks():
+    """Eight variants with long names: a row each, named beside it (wrapped), the
+    chart as tall as its rows; the legend is the key to the two marks only (the
+    rows name the variants), and ">= N" labels are drawn, not clipped."""
+    names = [f"rollout.router_noise={i / 10}, stabilizers.replay.mode=r3" for i in range(8)]
+    outcomes = {n: [RunOutcome(n, step=150, collapsed=False, label="s0")] for n in names}
     fig = collapse_strip(outcomes)
-    assert fig.layout.legend.x > 1 and fig.layout.legend.orientation == "v"
-    assert fig.layout.xaxis.automargin is True
+    assert all("<br>" in tick for tick in fig.layout.yaxis.ticktext)
+    assert fig.layout.meta["rows"] == 8
+    shown = [t.name for t in fig.data if t.showlegend is not False]
+    assert shown == ["collapsed", "never collapsed (censored)"]
     censored = [t for t in fig.data if t.meta["role"] == "censored"]
     assert censored and all(t.cliponaxis is False for t in censored)
-    assert all(t.text[0] == ">= 149" for t in censored)
+    assert all(t.text[0] == ">= 150" for t in censored)
+    laid_out = fit_layout(fig)
+    assert laid_out.layout.height >= 8 * ROW_PX
 
 
 def test_kl_ticks_speak_the_titles_scale_only():

@@ -189,10 +189,10 @@ def test_sweep_page_groups_grid_points(alice, user, experiment):
         ingest_metrics(run.pk, records(5, reward__accuracy=lambda s: 0.5))
     page = alice.get(f"/sweeps/{sweep.pk}/").content.decode()
     assert "Sweep: replay sweep" in page
-    assert "mode=none" in page and "mode=r3" in page
+    assert "stabilizers.replay.mode=none" in page and "stabilizers.replay.mode=r3" in page
     response = alice.get(f"/sweeps/{sweep.pk}/chart", {"key": "reward/accuracy"})
     variants = {t["meta"]["variant"] for t in response.json()["figure"]["data"]}
-    assert variants == {"mode=none", "mode=r3"}
+    assert variants == {"stabilizers.replay.mode=none", "stabilizers.replay.mode=r3"}
 
 
 def _variant_rows(page: str) -> dict[str, list[str]]:

@@ -58,17 +58,17 @@ def test_the_switch_includes_stopped_runs_censored_at_their_last_step(
     assert f"/stability/?runs={ids.replace(',', '%2C')}&amp;stopped=1" in html
     with_stopped = alice.get("/stability/", {"runs": ids, "stopped": "1"})
     page = with_stopped.content.decode()
-    assert "included as seeds, censored at their last step" in page
+    assert "included as seeds, censored at the steps they ran" in page
     # The page's downloads carry the switch, so they export what the page shows.
     assert "format=csv&amp;stopped=1" in page or "stopped=1&amp;format=csv" in page
     table = alice.get(
         "/stability/table", {"runs": ids, "stopped": "1", "format": "csv"}
     ).content.decode()
     row = next(csv.DictReader(io.StringIO(table)))
-    assert row["runs"] == "3" and row["collapse_step"] == ">= 67"  # (80 + 90 + 31) / 3
+    assert row["runs"] == "3" and row["collapse_step"] == ">= 67"  # (80 + 90 + 32) / 3
     survival = payload_traces(alice.get("/stability/chart/survival", {"runs": ids, "stopped": "1"}))
     censored = next(t for t in survival if t["meta"]["role"] == "censored")
-    assert censored["x"].tolist() == [31]
+    assert censored["x"].tolist() == [32]  # 32 steps run: its last step, 31, + 1
 
 
 def test_a_bad_switch_value_is_a_400_naming_it(alice, variant_with_a_cancelled_seed):

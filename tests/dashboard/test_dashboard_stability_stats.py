@@ -30,7 +30,17 @@ def test_survival_rows_log_rank_against_moe_grpo_by_hand():
     # dense: S = .5 at 2 (se .354: .5 - 1.96 se < 0, so no upper end there), 0 at 4
     assert dense.collapsed == "2/2" and dense.median == "2 [2, 4]"
     assert moe.median == "5 [5, 5]"  # one run at risk at 5: S drops to 0 with se 0
-    assert dense.kl_ci == "2.000 [2.000, 2.000]"  # shown x1e-3
+    assert dense.kl_ci == "2.000 [2.000, 2.000] (t, n = 2)"  # shown x1e-3
+
+
+def test_a_kl_interval_says_what_it_rests_on_and_stops_at_zero():
+    """Two seeds far apart: the t interval (one degree of freedom) reaches below 0,
+    where no mean KL can lie: it is cut at 0 and says t, n = 2. One seed: no interval."""
+    from dashboard.charts.stability_stats import KL_BOUNDS, _ci_label
+
+    two = _ci_label([1e-3, 20e-3], 1e3, 3, KL_BOUNDS)
+    assert two == "10.500 [0.000, 131.209] (t, n = 2)"  # 10.5 + 12.70620 x 9.5 (sem)
+    assert _ci_label([2e-3], 1e3, 3, KL_BOUNDS) == "2.000 (1 seed: no interval)"
 
 
 def test_dose_layout_from_variant_names():

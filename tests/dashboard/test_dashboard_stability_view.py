@@ -66,11 +66,11 @@ def test_stability_table_per_variant_with_censoring(alice, study):
         "2/3",
         "50.0 ± 10.0%",
     ]
-    assert rows["r3"] == ["r3", "2", "2.00 ± 1.41", "10.00%", "5.00%", "&gt;= 99", "0/2", "70.0%"]
+    assert rows["r3"] == ["r3", "2", "2.00 ± 1.41", "10.00%", "5.00%", "&gt;= 100", "0/2", "70.0%"]
     assert rows["tis"] == ["tis", "2", "5.00", "10.00%", "5.00%", "26", "2/2", "10.0%"]
     assert "late" not in rows
     assert f"#{runs[-1].pk}" in html.split("Not in the table")[1]
-    assert "&gt;= 99 (censored)" in html  # per-run table
+    assert "&gt;= 100 (censored)" in html  # per-run table
     assert "/stability/chart/survival?runs=" in html and "/stability/chart/collapse?runs=" in html
 
 
@@ -80,7 +80,7 @@ def test_stability_table_downloads(alice, study):
     none = next(r for r in data if r["variant"] == "none")
     assert none["collapse_step"] == ">= 66"
     assert none["collapse_step_is_lower_bound"] is True
-    assert none["collapse_step_mean"] == pytest.approx((40 + 60 + 99) / 3)
+    assert none["collapse_step_mean"] == pytest.approx((40 + 60 + 100) / 3)
     assert none["kl_k3_x1e3"] == pytest.approx(2.0)
     response = alice.get("/stability/table", {"runs": ids, "format": "csv"})
     assert response["Content-Type"].startswith("text/csv")
@@ -100,13 +100,13 @@ def test_survival_curve_is_kaplan_meier(alice, study):
     ids, _ = study
     traces = payload_traces(alice.get("/stability/chart/survival", {"runs": ids}))
     none = next(t for t in traces if t["meta"] == {"variant": "none", "role": "survival"})
-    assert none["x"].tolist() == [0, 40, 60, 99]
+    assert none["x"].tolist() == [0, 40, 60, 100]
     assert none["y"] == pytest.approx([1, 2 / 3, 1 / 3, 1 / 3])
     assert none["name"] == "none (2/3 collapsed)"
     r3 = next(t for t in traces if t["meta"] == {"variant": "r3", "role": "survival"})
     assert r3["y"] == pytest.approx([1, 1])
     censored = next(t for t in traces if t["meta"] == {"variant": "none", "role": "censored"})
-    assert censored["x"].tolist() == [99]
+    assert censored["x"].tolist() == [100]
 
 
 def test_collapse_strip_labels_censored_seeds(alice, study):
@@ -116,7 +116,7 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
     censored = next(
         t for t in data if t["meta"]["variant"] == "none" and t["meta"]["role"] == "censored"
     )
-    assert censored["text"] == [">= 99"]
+    assert censored["text"] == [">= 100"]
     mean = next(t for t in data if t["meta"]["variant"] == "tis" and t["meta"]["role"] == "mean")
     assert mean["text"] == ["26"]
     rows = list(
@@ -128,7 +128,7 @@ def test_collapse_strip_labels_censored_seeds(alice, study):
             )
         )
     )
-    assert {"trace": "none: censored", "x": "none", "y": "99", "text": ">= 99"} in rows
+    assert {"trace": "none: censored", "x": "none", "y": "100", "text": ">= 100"} in rows
 
 
 def test_stability_page_without_runs_offers_experiments(alice, experiment):
@@ -171,7 +171,7 @@ def test_stability_page_shows_log_rank_median_ci_and_the_dose_chart(alice, make_
     # no moe-grpo variant: the dose axis' fp32 arm (no precision gap) is the
     # reference, whatever the order the runs were picked in
     assert "log-rank p vs moe-grpo-fp32" in html
-    assert rows[1][:4] == ["moe-grpo-fp32", "0/2", "not reached (&gt; 99)", "-"]
+    assert rows[1][:4] == ["moe-grpo-fp32", "0/2", "not reached (&gt;= 100)", "-"]
     # fp8 vs fp32 (both censored at 99): t=40 n=2+2, E=.5, V=.25; t=60 n=1+2, E=1/3,
     # V=2/9; O-E = 2 - 5/6 = 7/6: chi2 = (7/6)^2 / (17/36) = 2.882, p = erfc(1.2004)
     assert rows[0][:4] == ["moe-grpo-fp8", "2/2", "40 [40, 60]", "0.0896"]
@@ -289,7 +289,9 @@ def test_the_review_shows_cox_effects_against_the_routing_gap(alice, make_run):
     assert "/stability/chart/gap?runs=" in html
     chart = alice.get("/stability/chart/gap", {"runs": ids})
     assert chart.status_code == 200
-    xs = sorted(x for trace in payload_traces(chart) for x in trace["x"])
+    xs = sorted(
+        x for trace in payload_traces(chart) for x in trace["x"] if x is not None and x == x
+    )
     assert xs[0] == pytest.approx(0.0) and xs[-1] == pytest.approx(30.0)
 
 

@@ -82,10 +82,10 @@ def test_outcome_from_summary():
     censored = RunOutcome.from_summary("v", {"collapsed": False, "steps": 2000})
     assert censored.event == (2000, False)
     assert (
-        RunOutcome.from_summary("v", {"collapsed": False, "steps": 2000}, last_step=1999).step
-        == 1999
+        RunOutcome.from_summary("v", {"collapsed": False, "steps": 2000}, last_step=1998).step
+        == 1999  # steps 0..1998 stored: 1999 steps run
     )
     with pytest.raises(ValueError, match="collapse_step"):
         RunOutcome.from_summary("v", {"collapsed": True})
-    with pytest.raises(ValueError, match="last step"):
+    with pytest.raises(ValueError, match="step count"):
         RunOutcome.from_summary("v", {"collapsed": False})

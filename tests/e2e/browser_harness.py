@@ -153,6 +153,68 @@ def open_form_field(page: Page, path: str):
     return field
 
 
+# Every drawn chart of the page checked against the layout rule
+# (dashboard/charts/layout.py): the title, the axis titles and the legend clear of
+# the plot area and of each other, all inside the chart; the legend within its
+# bound; each numeric axis inside the physical bounds the chart states
+# (layout.meta x_bounds / y_bounds) and no wider than its data plus a margin.
+# Returns one line per problem, "" when all hold.
+LAYOUT_PROBLEMS_JS = """(maxLegendPx) => {
+  const problems = [];
+  const box = el => { const r = el.getBoundingClientRect(); return {l: r.left, t: r.top, r: r.right, b: r.bottom, w: r.width, h: r.height}; };
+  const overlap = (a, b) => a && b && a.w > 0 && b.w > 0 && a.l < b.r - 1 && b.l < a.r - 1 && a.t < b.b - 1 && b.t < a.b - 1;
+  const inside = (a, o) => a.l >= o.l - 1 && a.r <= o.r + 1 && a.t >= o.t - 1 && a.b <= o.b + 1;
+  for (const el of document.querySelectorAll('[data-live-chart]')) {
+    if (!el._fullLayout) continue;
+    const id = el.id;
+    const chart = box(el.querySelector('.main-svg'));
+    const plot = el.querySelector('.nsewdrag') ? box(el.querySelector('.nsewdrag')) : null;
+    const parts = {title: el.querySelector('.gtitle'), ytitle: el.querySelector('.ytitle'),
+                   xtitle: el.querySelector('.xtitle'), legend: el.querySelector('.legend')};
+    const b = {};
+    for (const [name, node] of Object.entries(parts)) if (node) b[name] = box(node);
+    for (const [name, r] of Object.entries(b)) {
+      if (r.w > 0 && !inside(r, chart)) problems.push(`${id}: ${name} outside the chart`);
+      if (r.w > 0 && plot && name !== 'legend' && overlap(r, plot) && name === 'title')
+        problems.push(`${id}: title over the plot`);
+    }
+    if (b.legend && b.legend.w > 0) {
+      if (plot && overlap(b.legend, plot)) problems.push(`${id}: legend over the plot`);
+      if (b.xtitle && overlap(b.legend, b.xtitle)) problems.push(`${id}: legend over the x title`);
+      if (b.legend.h > maxLegendPx) problems.push(`${id}: legend ${Math.round(b.legend.h)} px tall`);
+    }
+    if (b.title && b.ytitle && overlap(b.title, b.ytitle)) problems.push(`${id}: title over the y title`);
+    const meta = el._fullLayout.meta || {};
+    for (const axis of ['x', 'y']) {
+      const ax = el._fullLayout[axis + 'axis'];
+      if (!ax || ax.type !== 'linear' || !ax.range) continue;
+      const values = [];
+      for (const t of el._fullData) {
+        if (t.type === 'heatmap' || t.visible !== true) continue;
+        for (const v of (t[axis] || [])) if (typeof v === 'number' && isFinite(v)) values.push(v);
+      }
+      if (!values.length) continue;
+      const lo = Math.min(...values), hi = Math.max(...values);
+      const span = Math.max(hi - lo, Math.abs(hi) * 0.2, 1e-9);
+      const [r0, r1] = [Math.min(...ax.range), Math.max(...ax.range)];
+      const bounds = meta[axis + '_bounds'] || [null, null];
+      if (bounds[0] !== null && r0 < bounds[0] - 1e-9) problems.push(`${id}: ${axis} axis from ${r0} below ${bounds[0]}`);
+      if (bounds[1] !== null && r1 > bounds[1] + 1e-9) problems.push(`${id}: ${axis} axis to ${r1} above ${bounds[1]}`);
+      // the axis may reach down (or up) to the bound it states, as a collapse step's to 0
+      const floor = bounds[0] !== null ? Math.min(bounds[0], lo - 0.6 * span) : lo - 0.6 * span;
+      const ceil = bounds[1] !== null ? Math.max(bounds[1], hi + 0.6 * span) : hi + 0.6 * span;
+      if (r0 < floor || r1 > ceil)
+        problems.push(`${id}: ${axis} axis [${r0}, ${r1}] far past its data [${lo}, ${hi}]`);
+    }
+  }
+  return problems.join('\\n');
+}"""
+
+
+def layout_problems(page: Page, max_legend_px: float) -> str:
+    return page.evaluate(LAYOUT_PROBLEMS_JS, max_legend_px)
+
+
 def log_in_as_the_demo_user(page: Page, lab) -> None:
     """The login page, as a newcomer after `make up`: the demo user and the
     password ``lab.demo_password`` (lab_up's ``_demo_user``), on ``lab.url``."""

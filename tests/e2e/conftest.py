@@ -77,13 +77,22 @@ class Screenshots:
         self.prefix = prefix
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
-    def take(self, page, name: str, *, docs: bool = False, synthetic: bool = False) -> Path:
+    def take(
+        self,
+        page,
+        name: str,
+        *,
+        docs: bool = False,
+        synthetic: bool = False,
+        full_page: bool = False,
+    ) -> Path:
         """``synthetic``: the page shows fixture data, not a training run; the
-        picture says so on its face (a banner drawn for the screenshot only)."""
+        picture says so on its face (a banner drawn for the screenshot only).
+        ``full_page``: the whole page, not the 1280x800 viewport."""
         path = ARTIFACTS / f"{self.prefix}-{name}.png"
         if synthetic:
             page.evaluate(SYNTHETIC_BANNER_JS)
-        page.screenshot(path=str(path))
+        page.screenshot(path=str(path), full_page=full_page)
         if synthetic:
             page.evaluate("document.getElementById('synthetic-banner').remove()")
         if docs and os.environ.get("LAB_UPDATE_DOCS_SCREENSHOTS") == "1":

@@ -84,9 +84,13 @@ def test_charts_read_right(guard, lab):
     assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), ticks
     assert all(t.endswith("%") for t in ticks), ticks
 
-    # The legend sits below the plot, never over the title.
-    legend_y = clip.evaluate("el => el.layout.legend.y")
-    assert legend_y < 0
+    # The legend sits below the plot, never over the title (dashboard/charts/layout.py:
+    # placed in the figure's own coordinates, under the plot area).
+    legend_top, plot_bottom = clip.evaluate(
+        "el => [el.querySelector('.legend').getBoundingClientRect().top,"
+        " el.querySelector('.nsewdrag').getBoundingClientRect().bottom]"
+    )
+    assert legend_top > plot_bottom
 
     # KL: one notation, x1e-3 in the axis title, no SI prefix on the ticks.
     kl = _chart(page, mk.MISMATCH_KL_K3)

@@ -378,3 +378,32 @@ def test_a_broker_that_refuses_the_check_fails_the_dataset_with_the_reason(
         api.post("/api/datasets", {"name": "big", "path": str(big_file)}, format="json")
     dataset = RegisteredDataset.objects.get()
     assert dataset.status == "failed" and "broker down" in dataset.error
+
+
+def test_one_submission_reports_every_kind_of_error_at_once(api, experiment, copy):
+    """A wrong type, a rule across two fields, a task length and the checkpoint's
+    broken tokenizer: four errors from one request, where each used to wait for the
+    one before it to be fixed (trainer.validation.all_errors, lab.configs)."""
+    api.raise_request_exception = False
+    folder = copy()
+    (folder / "tokenizer.json").write_bytes(b'{"version": "1.0", "model": \xff')
+    response = api.post(
+        "/api/runs",
+        {
+            "experiment": experiment.pk,
+            "preset": "text-grpo",
+            "overrides": {
+                "model.source": str(folder),
+                "run.steps": "abc",
+                "run.gpus": 4,
+                "rollout.prompts_per_step": 2,
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert "valid integer" in errors["config.run.steps"][0]
+    assert "4 ranks" in errors["config.rollout.prompts_per_step"][0]
+    assert "tokenizer" in errors["config.model.source"][0]
+    assert Run.objects.count() == 0

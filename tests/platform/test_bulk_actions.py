@@ -12,6 +12,9 @@ from lab.jobs.models import Worker
 from lab.runs import bulk, lifecycle, sweeps
 from lab.runs.models import Run, RunStatus
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 @pytest.fixture
 def browser(user):

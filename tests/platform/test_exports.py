@@ -16,7 +16,7 @@ from trainer.errors import FieldError
 from trainer.run.runner import train
 from trainer.validation import validate_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.database]
 
 
 @pytest.fixture

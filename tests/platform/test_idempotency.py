@@ -16,6 +16,9 @@ from lab_processes import LabStack
 from lab.experiments.models import Sweep
 from lab.runs.models import Run
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 BODIES = [
     {"preset": "moe-grpo", "overrides": {"run.steps": 3}},
     {"preset": "moe-grpo", "overrides": {"run.steps": 4}},

@@ -21,6 +21,9 @@ from lab.runs.metrics.ingest import drop_metrics_after, ingest_metrics
 from lab.runs.metrics.seal import seal_metrics, seal_unsealed_runs
 from lab.runs.models import MetricColumn, Run, RunStatus
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 C = CHUNK_STEPS
 
 

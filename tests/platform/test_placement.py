@@ -14,6 +14,9 @@ from lab.jobs.models import Worker
 from lab.jobs.queries import waiting_reason
 from trainer.launch import torchrun_command
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 @pytest.fixture
 def queue(settings):

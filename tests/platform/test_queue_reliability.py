@@ -19,6 +19,9 @@ from lab.runs.metrics.ingest import StaleAttempt, drop_metrics_after, ingest_met
 from lab.runs.models import MetricStep, Run, RunStatus
 from lab.site.celery import app
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 @pytest.fixture
 def queue(settings):

@@ -13,6 +13,9 @@ from lab_processes import submit_tiny_run
 from lab.jobs.queries import queue_position, queue_positions
 from lab.runs.models import Run, RunStatus
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 MAX_QUERIES = 8  # session/auth, count, page, positions (+ savepoints): never per row
 
 

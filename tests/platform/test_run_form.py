@@ -99,6 +99,26 @@ def test_every_kind_of_error_is_reported_in_one_submit(browser, experiment):
     assert not Run.objects.exists()
 
 
+def test_a_type_a_rule_across_fields_and_a_task_length_come_back_together(browser, experiment):
+    """Three mistakes in the config, three errors after one submit: pydantic checks
+    the rules across fields only once the fields are valid, so the form's check sets
+    a field in error aside and checks the rest again (trainer.validation.all_errors)."""
+    data = _post_data(
+        _preset_sections(),
+        **{
+            "run.steps": "twelve",
+            "run.gpus": "4",
+            "rollout.prompts_per_step": "2",
+            "rollout.max_new_tokens": "1",
+        },
+    )
+    page = browser.post(f"/experiments/{experiment.pk}/runs/new", data).content.decode()
+    summary = page.split('id="form-errors"')[1].split("</div>")[0]
+    for path in ("run.steps", "rollout.prompts_per_step", "rollout.max_new_tokens"):
+        assert f'href="#f-{path}"' in summary, path
+    assert not Run.objects.exists()
+
+
 def test_key_settings_are_labelled_by_their_dotted_path(browser, experiment):
     """Out of their section, "mode" or "enabled" alone would not say which."""
     page = browser.get(f"/experiments/{experiment.pk}/runs/new?preset=moe-grpo").content.decode()

@@ -20,6 +20,9 @@ from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import MetricStep, Run, RunStatus
 from trainer.errors import FieldError
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 def _finish(*run_list: Run, sealed: bool) -> int:
     """Make the runs final, their metrics kept as columns or not (a run finished
@@ -183,8 +186,22 @@ def test_create_sweep_is_all_or_nothing(user, experiment):
     )  # fmt: skip
     assert sweep.runs.count() == 4
     assert sorted(sweep.runs.values_list("variant", flat=True)) == [
-        "mode=none", "mode=none", "mode=r3", "mode=r3",
+        "stabilizers.replay.mode=none", "stabilizers.replay.mode=none",
+        "stabilizers.replay.mode=r3", "stabilizers.replay.mode=r3",
     ]  # fmt: skip
+
+
+def test_sweep_labels_name_only_the_varied_fields_by_their_dotted_paths():
+    """The issue's example: a field given one value (run.steps) is in no label."""
+    runs = sweeps.expand_grid(
+        {"model.n_experts": [4, 8], "model.top_k": [1], "stabilizers.replay.mode": ["none"],
+         "run.steps": [400]},
+        seeds=[0],
+    )  # fmt: skip
+    assert [label for label, _ in runs] == ["model.n_experts=4", "model.n_experts=8"]
+    assert runs[0][1] == {"model.n_experts": 4, "model.top_k": 1,
+                          "stabilizers.replay.mode": "none", "run.steps": 400, "run.seed": 0}  # fmt: skip
+    assert sweeps.expand_grid({"run.steps": [30]}, seeds=[0, 1])[0][0] == "base"
 
 
 def _lines(steps, layers=2):

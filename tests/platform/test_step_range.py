@@ -15,6 +15,9 @@ from lab.runs.metrics.seal import seal_metrics
 from lab.runs.models import MetricStep, Run
 from lab.tracking.payload import MAX_STEP
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 STEPS = [0, 2**31 - 1, 2**31, 2**40 + 7, MAX_STEP]
 
 

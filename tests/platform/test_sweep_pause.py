@@ -18,6 +18,9 @@ from lab.runs.metrics.ingest import ingest_metrics
 from lab.runs.models import Run, RunStatus
 from lab.runs.sweeps import create_sweep
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 @pytest.fixture
 def demo(db):

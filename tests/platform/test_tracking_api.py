@@ -16,6 +16,9 @@ from lab.runs.metrics.read import metric_series_many
 from lab.runs.models import MetricStep, Run
 from lab.tracking.models import TrackedRun
 
+# What the database itself decides (docs/design.md 4): also run on PostgreSQL.
+pytestmark = pytest.mark.database
+
 
 @pytest.fixture
 def ml(user):

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_tiny_checkpoints import FAMILY_KWARGS, save_hf_checkpoint
+from hf_tiny_checkpoints import FAMILY_KWARGS, import_checkpoint, save_hf_checkpoint
 
-from trainer.config import ExperimentConfig, ModelConfig
-from trainer.hf import FAMILIES, build_model, resolve_model_source
+from trainer.config import ModelConfig
+from trainer.hf import FAMILIES
 from trainer.model.layers import positions_from_mask
 from trainer.rollout.engine import RolloutEngine
 
@@ -29,9 +29,7 @@ LOGIT_TOL = 1e-4
 
 
 def _import(folder) -> tuple[ModelConfig, torch.nn.Module]:
-    cfg = ExperimentConfig.model_validate({"model": {"source": str(folder), "max_seq_len": 256}})
-    model_cfg = resolve_model_source(cfg).model
-    return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
+    return import_checkpoint(folder)
 
 
 def _engine_and_prompt(tmp_path, family: str, rows: int):

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_tiny_checkpoints import make_hf_model, save_hf_checkpoint
+from hf_tiny_checkpoints import import_checkpoint, make_hf_model, save_hf_checkpoint
 
-from trainer.config import ExperimentConfig, ModelConfig
-from trainer.hf import build_model, resolve_model_source
+from trainer.config import ModelConfig
 from trainer.model.layers import positions_from_mask
 
 pytest.importorskip("transformers")
@@ -34,9 +33,7 @@ LOGIT_TOL = 1e-4
 
 
 def _import(folder) -> tuple[ModelConfig, torch.nn.Module]:
-    cfg = ExperimentConfig.model_validate({"model": {"source": str(folder), "max_seq_len": 256}})
-    model_cfg = resolve_model_source(cfg).model
-    return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
+    return import_checkpoint(folder)
 
 
 def _batch(vocab: int, length: int = 12):
@@ -170,3 +167,23 @@ def test_deepseek_mtp_layers_are_ignored_as_transformers_ignores_them(tmp_path):
     save_file({**weights, **stray}, tmp_path / "model.safetensors", metadata={"format": "pt"})
     errors = validate_checkpoint(tmp_path, tokenizer=False)
     assert errors and "model.layers.4.eh_proj.weight" in errors[0][1]
+
+
+def test_a_deepseek_v3_without_interleaved_rope_loads_and_exports_as_itself(tmp_path):
+    """rope_interleave=false (rotary dims stored in halves): no reordering at import;
+    the export writes the standard interleaved layout, which transformers reads to the
+    same logits."""
+    from trainer.hf import export_hf
+
+    hf = save_hf_checkpoint("deepseek_v3", tmp_path / "src", rope_interleave=False)
+    cfg, model = _import(tmp_path / "src")
+    tokens, mask = _batch(cfg.vocab_size)
+    with torch.no_grad():
+        ours = model(tokens, mask).logits
+    assert (ours - _hf_logits(hf, tokens, mask))[mask].abs().max().item() < LOGIT_TOL
+    export_hf(model.state_dict(), cfg, cfg.vocab_size, tmp_path / "out")
+    import transformers
+
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert again.config.rope_interleave is True
+    assert (ours - _hf_logits(again, tokens, mask))[mask].abs().max().item() < LOGIT_TOL

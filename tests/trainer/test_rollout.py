@@ -307,3 +307,18 @@ def test_sample_next_frequencies_follow_the_probabilities():
     tokens = sample_next(probs.log(), 1.0, 1.0, torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens, minlength=4).float() / tokens.numel()
     torch.testing.assert_close(freq, probs[0], rtol=0, atol=0.015)
+
+
+def test_a_rollout_without_prompt_scores_samples_the_same_tokens(tiny_moe_cfg, make_batch):
+    """The RL step asks for response log-probs only: the prefill's LM head then runs
+    at the last prompt position; tokens, response log-probs and routing are the same."""
+    _, engine = model_and_engine(tiny_moe_cfg)
+    prompt, mask = make_batch(VOCAB, [3, 5, 4], 5)
+    full = engine.generate(prompt, mask, 6, generator=torch.Generator().manual_seed(0))
+    lean = engine.generate(
+        prompt, mask, 6, generator=torch.Generator().manual_seed(0), score_prompt=False
+    )
+    assert torch.equal(full.tokens, lean.tokens)
+    assert torch.equal(full.logprobs[:, 5:], lean.logprobs[:, 5:])
+    assert torch.equal(full.routing.indices, lean.routing.indices)
+    assert not lean.logprobs[:, :5].any()

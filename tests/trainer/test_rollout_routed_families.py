@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_tiny_checkpoints import save_hf_checkpoint
+from hf_tiny_checkpoints import import_checkpoint, save_hf_checkpoint
 
 from trainer.algorithms.measure import routing_mismatch
-from trainer.config import ExperimentConfig
-from trainer.hf import build_model, resolve_model_source
 from trainer.rollout import RolloutEngine, prompt_logprobs
 
 pytest.importorskip("transformers")
@@ -24,9 +22,7 @@ BOUNDS = {"bf16": (0.05, 0.1), "fp8": (0.25, 0.3)}  # mean |log-prob diff|, inco
 
 def _imported(tmp_path, family):
     save_hf_checkpoint(family, tmp_path)
-    cfg = ExperimentConfig.model_validate({"model": {"source": str(tmp_path), "max_seq_len": 64}})
-    model_cfg = resolve_model_source(cfg).model
-    return model_cfg, build_model(model_cfg, model_cfg.vocab_size).eval()
+    return import_checkpoint(tmp_path, max_seq_len=64)
 
 
 @pytest.mark.parametrize("family", ROUTED)
@@ -67,3 +63,41 @@ def test_the_latent_cache_holds_one_latent_row_per_token(family, tmp_path):
     assert all(v.data_ptr() == k.data_ptr() for k, v in zip(keys, values, strict=True))
     per_head = cfg.n_heads * (m.qk_head_dim + m.v_head_dim)
     assert keys[0].shape[-1] < per_head  # what expanded keys and values would take
+
+
+NATIVE_SHAPED = {
+    "deepseek_v3": {
+        "mla": {"enabled": True, "q_lora_rank": 32, "kv_lora_rank": 32,
+                "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16},
+        "router": {"score": "sigmoid", "n_groups": 4, "topk_groups": 2, "scaling": 2.5},
+        "shared_expert_hidden": 64, "dense_layers": [0], "dense_hidden": 64, "n_layers": 3,
+    },
+    "gpt_oss": {
+        "attention_sinks": True, "attention_bias": "qkvo", "n_kv_heads": 2,
+        "router": {"bias": True}, "sliding_window": 4, "sliding_layers": [0],
+        "expert_ffn": {"bias": True, "activation": "clamped_swiglu", "limit": 1.0},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(NATIVE_SHAPED))
+def test_native_fp8_projections_run_the_families_attention(family):
+    """torch._scaled_mm (it runs on the CPU) on the latent attention's and the sinks'
+    projections: the same tokens' log-probs as the emulated fp8 engine up to the
+    native kernel's bf16 output rounding (measured: identical on the CPU; the experts stay
+    emulated off sm90)."""
+    from trainer.config import ModelConfig
+    from trainer.model import TransformerLM
+
+    cfg = ModelConfig.model_validate({"d_model": 64, "n_experts": 8, **NATIVE_SHAPED[family]})
+    torch.manual_seed(0)
+    policy = TransformerLM(cfg, 32)
+    tokens = torch.randint(3, 32, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    out = []
+    for mode in ("emulated", "native"):
+        engine = RolloutEngine(cfg, 32, precision="fp8", fp8_gemm=mode)
+        engine.load_weights(policy.state_dict())
+        out.append(engine.score(tokens, mask)[0])
+    assert engine.fp8_mode.startswith("native")
+    torch.testing.assert_close(out[1], out[0], atol=0.05, rtol=0)

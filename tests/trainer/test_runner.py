@@ -53,9 +53,9 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def test_run_writes_metrics_and_summary(tmp_path):
-    summary = train(fast_config(), tmp_path)
-    rows = read_metrics(tmp_path)
+def test_run_writes_metrics_and_summary(finished_run):
+    run_dir, summary = finished_run
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for key in (
         K.REWARD_MEAN, K.REWARD_ACCURACY, K.MISMATCH_KL_K1, K.MISMATCH_KL_K3,
@@ -66,18 +66,19 @@ def test_run_writes_metrics_and_summary(tmp_path):
         assert key in rows[0], key
     assert len(rows[0][K.experts_load(1)]) == 8
     assert abs(sum(rows[0][K.experts_load(1)]) - 1.0) < 1e-5
-    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk == summary
     assert summary["status"] == "succeeded" and summary["steps"] == 4
     assert summary["collapsed"] is False and summary["collapse_step"] is None
-    assert (tmp_path / "checkpoints" / "last.pt").exists()
+    assert (run_dir / "checkpoints" / "last.pt").exists()
 
 
-def test_same_seed_same_metrics(tmp_path):
-    a = train(fast_config(extra=["run.steps=2"]), tmp_path / "a")
-    b = train(fast_config(extra=["run.steps=2"]), tmp_path / "b")
-    assert a["final_accuracy"] == b["final_accuracy"]
-    assert _comparable(read_metrics(tmp_path / "a")) == _comparable(read_metrics(tmp_path / "b"))
+def test_same_seed_same_metrics(tmp_path, finished_run):
+    """The same config again: the same metrics, bit for bit (the session's run is the first)."""
+    first_dir, first = finished_run
+    again = train(fast_config(), tmp_path / "again")
+    assert first["final_accuracy"] == again["final_accuracy"]
+    assert _comparable(read_metrics(first_dir)) == _comparable(read_metrics(tmp_path / "again"))
 
 
 # Every stabilizer with state on at once (R3 rather than R2: they are exclusive), with
@@ -131,14 +132,18 @@ GPT_OSS_SHAPED = [
     ],
     ids=["moe-grpo", "moe-ppo", "all-stabilizers", "deepseek-shaped", "gpt-oss-shaped"],
 )
-def test_resume_gives_the_same_stream_as_straight(tmp_path, preset, extra):
+def test_resume_gives_the_same_stream_as_straight(tmp_path, preset, extra, request):
     cfg = fast_config(preset, extra)
-    train(cfg, tmp_path / "straight")
+    straight_dir = tmp_path / "straight"
+    if (preset, extra) == ("moe-grpo", []):  # that run is the session's finished run
+        straight_dir = request.getfixturevalue("finished_run")[0]
+    else:
+        train(cfg, straight_dir)
     first = train(cfg, tmp_path / "resumed", stop_after=2)
     assert first["status"] == "stopped" and first["steps"] == 2
     second = train(cfg, tmp_path / "resumed", resume=True)
     assert second["steps"] == 4
-    straight = _comparable(read_metrics(tmp_path / "straight"))
+    straight = _comparable(read_metrics(straight_dir))
     resumed = _comparable(read_metrics(tmp_path / "resumed"))
     assert [r["step"] for r in resumed] == [0, 1, 2, 3]
     assert resumed == straight

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tests.trainer.conftest import left_padded_batch
+from tests.trainer.test_stabilizers_loop import update_routings
 from trainer import metric_keys as K
 from trainer.algorithms.measure import routing_differs
 from trainer.config import ExperimentConfig
@@ -58,26 +59,6 @@ def _setup(**stabilizers):
     return cfg, policy, updater, data
 
 
-def _update_routing(updater, data):
-    """(rows, routing per MoE layer) of every update minibatch (one epoch)."""
-    shuffle = torch.Generator()
-    shuffle.set_state(updater.shuffle_generator.get_state())
-    order = torch.randperm(data.batch_size, generator=shuffle)
-    chunks = order.chunk(updater.cfg.algorithm.minibatches)
-    seen = []
-    hooks = [
-        layer.register_forward_hook(lambda mod, args, out: seen.append(out[1]))
-        for layer in updater.policy.moe_layers
-    ]
-    try:
-        updater.update(data, 0, lr=updater.cfg.optim.lr, entropy_coef=0.0)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    n = len(updater.policy.moe_layers)
-    return [(rows, seen[i * n : (i + 1) * n]) for i, rows in enumerate(chunks)]
-
-
 def _assert_replayed(routing, recorded, real):
     """The recorded experts ran, weighted by the training logits' sigmoid affinities
     (no bias), renormalised and scaled by 2.5."""
@@ -97,7 +78,7 @@ def test_r3_replays_the_engines_group_limited_experts_with_the_training_gates():
     assert set(metrics) >= {K.experts_load(1), K.experts_load(2)}  # the routed blocks
     assert K.experts_load(0) not in metrics  # the dense first block
     seen = data.routing_mask & data.attention_mask
-    for rows, layers in _update_routing(updater, data):
+    for rows, layers in update_routings(updater, data):
         for routing, recorded in zip(layers, data.rollout_routing, strict=True):
             _assert_replayed(routing, recorded[rows], seen[rows])
 
@@ -107,7 +88,7 @@ def test_r2_replays_the_old_policys_group_limited_experts():
     measure_batch(cfg, policy, updater, data)
     old = [idx.clone() for idx in data.old_routing]
     real = data.attention_mask
-    for rows, layers in _update_routing(updater, data):
+    for rows, layers in update_routings(updater, data):
         for routing, old_idx in zip(layers, old, strict=True):
             _assert_replayed(routing, old_idx[rows], real[rows])
 

@@ -82,8 +82,8 @@ flag and there is no later evidence.)
 
 The moving statistic exists once ``window`` accuracies were seen. A
 non-finite accuracy value (no samples) is skipped. A run that never collapsed
-is censored at its last step: ``collapsed`` stays False and ``collapse_step``
-None; callers must not invent a number for it.
+is censored at its step count (the steps it ran: docs/design.md 3.6): ``collapsed``
+stays False and ``collapse_step`` None; callers must not invent a number for it.
 """
 
 from __future__ import annotations
@@ -435,14 +435,14 @@ LOWER_BOUND_PREFIX = ">= "
 class CollapseSummary:
     """A variant's collapse statistics over its seeds (docs/design.md, "collapse definition": censoring).
 
-    A run that never collapsed is censored at its last step: it counts with
+    A run that never collapsed is censored at its step count: it counts with
     that step, and the mean becomes a lower bound, never an average that
     pretends the survivors collapsed.
     """
 
     runs: int
     collapsed: int
-    mean_step: float | None  # mean over seeds, censored runs at their last step
+    mean_step: float | None  # mean over seeds, censored runs at their step count
     lower_bound: bool  # True when any run is censored: the true mean is >= mean_step
 
     @property

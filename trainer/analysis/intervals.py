@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,22 +51,51 @@ def bca_interval(
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def mean_ci(
-    values: Sequence[float | None], level: float = 0.95
-) -> tuple[float, float, float] | None:
-    """(mean, low, high) of the finite values: the BCa interval from three values
-    on (the t interval where BCa is undefined, e.g. two distinct values in a
-    sample), the t interval at two, the point at one; None without values."""
+@dataclass(frozen=True)
+class MeanInterval:
+    """A mean and its interval, with what it rests on: ``method`` "BCa", "t" or
+    "none" (one value: no interval) and ``n`` values."""
+
+    mean: float
+    low: float
+    high: float
+    method: str
+    n: int
+
+
+def mean_interval(
+    values: Sequence[float | None],
+    level: float = 0.95,
+    bounds: tuple[float | None, float | None] = (None, None),
+) -> MeanInterval | None:
+    """The mean of the finite values and its interval: BCa from three values on
+    (the t interval where BCa is undefined, e.g. two distinct values), the t
+    interval at two, none at one; None without values. ``bounds``: where the
+    quantity itself ends (a KL is >= 0); the interval is cut there, since the mean
+    of such values cannot lie past them."""
     x = [float(v) for v in values if v is not None and math.isfinite(v)]
     if not x:
         return None
     mean = sum(x) / len(x)
     if len(x) == 1:
-        return mean, mean, mean
-    interval = bca_interval(x, level) if len(x) >= 3 else None
+        return MeanInterval(mean, mean, mean, "none", 1)
+    interval, method = (bca_interval(x, level), "BCa") if len(x) >= 3 else (None, "t")
     if interval is None or not all(math.isfinite(v) for v in interval):
-        interval = t_interval(x, level)
-    return mean, interval[0], interval[1]
+        interval, method = t_interval(x, level), "t"
+    low, high = interval
+    if bounds[0] is not None:
+        low = max(low, bounds[0])
+    if bounds[1] is not None:
+        high = min(high, bounds[1])
+    return MeanInterval(mean, low, high, method, len(x))
+
+
+def mean_ci(
+    values: Sequence[float | None], level: float = 0.95
+) -> tuple[float, float, float] | None:
+    """(mean, low, high) of ``mean_interval``."""
+    found = mean_interval(values, level)
+    return None if found is None else (found.mean, found.low, found.high)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -58,6 +58,16 @@ class OptimConfig(Section):
         "copies with fp32 moments (trainer/devices/precision.py); the routers stay fp32.",
     )
 
+    logprobs: Literal["response", "full"] = Field(
+        "response",
+        description="Where the training forwards (measurement and update) apply the LM head "
+        "and log-softmax. response: only at the positions whose next token is a response "
+        "token (and, in the update, the response positions for the entropy), one fused "
+        "log-softmax for log-probs and entropy (trainer/algorithms/logprobs.py). full: every "
+        "position, z - logsumexp(z): the same numbers to fp32 rounding, kept by the studies "
+        "run before response for their bits.",
+    )
+
     @model_validator(mode="after")
     def _check_lr(self) -> OptimConfig:
         if self.lr_min > self.lr:

@@ -59,6 +59,14 @@ class RunConfig(Section):
         "benchmark off; the same seed then gives the same run on the same hardware. Costs "
         "speed on GPUs; summary.json records the mode (docs/gpu.md).",
     )
+    moe_layer: Literal["auto", "fused", "reference"] = Field(
+        "auto",
+        description="The training forward's routed experts: fused (one gate|up grouped GEMM, "
+        "a fused SwiGLU, gathers instead of atomic scatter-adds in the backward; "
+        "trainer/model/moe_fused.py) or reference (trainer/model/dispatch.py). auto: fused "
+        "on CUDA, reference on the CPU. Plain SwiGLU experts only; others always run the "
+        "reference. The same math; other summation orders.",
+    )
     tf32: bool = Field(
         False,
         description="Allow TF32 matmuls and convolutions on CUDA (Ampere and later): faster "

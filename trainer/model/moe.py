@@ -43,6 +43,7 @@ from trainer.config import ExpertFfnConfig, RouterConfig
 from trainer.model.dispatch import Dispatch, expert_ffn, experts_swiglu, resolve_backend
 from trainer.model.expert_parallel import ExpertShard, ep_experts_swiglu
 from trainer.model.layers import SwiGLU
+from trainer.model.moe_fused import choose_moe_layer, experts_swiglu_fused
 from trainer.model.noisy_gating import NoiseScale, noisy_topk_logits
 from trainer.model.routing import (
     affinities,
@@ -217,6 +218,12 @@ class MoELayer(nn.Module):
         # Set by expert_parallel.shard_experts_: this rank holds a slice of the experts
         # and the forward sends tokens to their experts' rank and back.
         self.expert_shard: ExpertShard | None = None
+        # run.moe_layer: "auto" (fused on CUDA), "fused" or "reference" (moe_fused.py)
+        self.layer_kind = "auto"
+
+    def fused_on(self, device_type: str) -> bool:
+        """Whether the fused experts (trainer.model.moe_fused) run on this device."""
+        return choose_moe_layer(self.layer_kind, device_type) == "fused"
 
     def forward(
         self,
@@ -245,6 +252,8 @@ class MoELayer(nn.Module):
         e = self.experts
         if self.expert_shard is not None:
             y = ep_experts_swiglu(flat, gates, used, e, self.expert_shard)
+        elif e.biases is None and e.ffn is None and self.fused_on(flat.device.type):
+            y = experts_swiglu_fused(flat, gates, used, e.w_gate, e.w_up, e.w_down, e.backend)
         else:
             y = experts_swiglu(
                 flat, gates, used, e.w_gate, e.w_up, e.w_down, e.backend, e.biases, e.ffn

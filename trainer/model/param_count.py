@@ -29,6 +29,11 @@ from trainer.model.shapes import attention_shapes, is_routed_expert
 from trainer.model.shapes import parameter_shapes as parameter_shapes
 
 
+def swiglu_params(d_model: int, hidden: int) -> int:
+    """A SwiGLU FFN without biases: gate and up (D x H each) and down (H x D)."""
+    return 3 * d_model * hidden
+
+
 def _count(shapes: dict[str, tuple[int, ...]], active: tuple[int, int] = (1, 1)) -> int:
     """Sum of the shapes' sizes; routed-expert tensors (E on dim 0) scaled by
     ``active`` = (top_k, E) for the parameters one token uses."""

@@ -38,7 +38,7 @@ from trainer.model.moe import LayerRouting, MoELayer
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # (B, T, V) fp32
+    logits: torch.Tensor  # (B, T, V) fp32; (N, V) at ``logit_positions`` when asked
     values: torch.Tensor | None = None  # (B, T) fp32, value head only
     routing: list[LayerRouting] | None = None  # one per MoE layer, when asked
 
@@ -130,6 +130,12 @@ class TransformerLM(nn.Module):
     def moe_layers(self) -> list[MoELayer]:
         return [block.ffn for block in self.blocks if block.is_moe]
 
+    def set_moe_layer(self, kind: str) -> None:
+        """``run.moe_layer`` for every MoE layer: auto | fused | reference
+        (trainer.model.moe_fused)."""
+        for layer in self.moe_layers:
+            layer.layer_kind = kind
+
     def set_router_temperature(self, temperature: float) -> None:
         for layer in self.moe_layers:
             layer.router.temperature.fill_(temperature)
@@ -169,9 +175,12 @@ class TransformerLM(nn.Module):
         override_mask: list[torch.Tensor] | None = None,
         return_routing: bool = False,
         kv_cache: KVCache | None = None,
+        logit_positions: torch.Tensor | None = None,
     ) -> ModelOutput:
         """tokens, attention_mask: (B, T). With ``kv_cache`` the tokens are
-        appended after the cached ones (incremental decoding)."""
+        appended after the cached ones (incremental decoding). ``logit_positions``:
+        (B, T) bool, apply the LM head there only: ``logits`` is then (N, V), one
+        row per True entry in row-major order (trainer.algorithms.logprobs)."""
         t = tokens.shape[1]
         if attention_mask is None:
             attention_mask = torch.ones_like(tokens, dtype=torch.bool)
@@ -217,7 +226,7 @@ class TransformerLM(nn.Module):
                 routings.append(routing)
 
         h = self.norm_f(x)
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(h if logit_positions is None else h[logit_positions]).float()
         values = self.value_head(h).squeeze(-1).float() if self.value_head is not None else None
         return ModelOutput(
             logits=logits, values=values, routing=routings if return_routing else None

@@ -189,6 +189,7 @@ class RolloutEngine:
         pad_id: int = 0,
         generator: torch.Generator | None = None,
         use_kv_cache: bool = True,
+        score_prompt: bool = True,
     ) -> RolloutBatch:
         """Sample up to ``max_new_tokens`` per row after left-padded prompts.
 
@@ -197,7 +198,10 @@ class RolloutEngine:
         ``eos_id`` is one id or several (generation_config.json's
         ``eos_token_id`` list, as transformers' ``generate`` takes it): any ends a row.
         ``temperature`` 0 decodes greedily. ``use_kv_cache=False`` recomputes
-        the full prefix every step (for the benchmark).
+        the full prefix every step (for the benchmark). ``score_prompt=False``:
+        the prompt's log-probs are left 0 and the prefill applies the LM head at
+        the last prompt position only (an RL step reads response log-probs only;
+        the sampled tokens are the same).
         """
         self._check_loaded()
         p = prompt_tokens.shape[1]
@@ -219,6 +223,7 @@ class RolloutEngine:
                 pad_id,
                 generator,
                 use_kv_cache,
+                score_prompt,
             )
         # Outputs are cloned outside inference mode: the trainer uses them
         # under autograd. A token is fed to the engine (routed) iff it is real
@@ -252,6 +257,7 @@ class RolloutEngine:
         pad_id: int,
         generator: torch.Generator | None,
         use_kv_cache: bool,
+        score_prompt: bool = True,
     ):
         """The sampling loop of ``generate`` (run under inference mode); ``stop_ids``:
         (S,) the ids that end a row, None = rows never stop. Returns the
@@ -274,18 +280,21 @@ class RolloutEngine:
                 if self._compiled_step is None:
                     self._compiled_step = compiled_decode(self, _compile_mode(self.device))
 
-        # Prefill: every prompt position at once (prompt log-probs need all logits).
+        # Prefill: every prompt position at once; the LM head at every position when the
+        # prompt's log-probs are asked for, else at the last one only (the next token's).
         logits = self.forward_pass.forward(
             tokens[:, :p],
             positions_from_mask(prompt_valid),
             prompt_valid,
             0 if use_kv_cache else None,
             None if routing is None else routing[:, :, :p],
-            all_positions=True,
+            all_positions=score_prompt,
         )
         logprobs = torch.zeros((b, total), dtype=torch.float32, device=self.device)
-        logprobs[:, :p] = prompt_logprobs(logits, tokens[:, :p], prompt_valid, temperature)
-        next_logits = logits[:, -1]
+        next_logits = logits
+        if score_prompt:
+            logprobs[:, :p] = prompt_logprobs(logits, tokens[:, :p], prompt_valid, temperature)
+            next_logits = logits[:, -1]
 
         if use_kv_cache:
             n_real, key_bias = self._decode_state(prompt_valid, total)
@@ -330,9 +339,13 @@ class RolloutEngine:
             if use_kv_cache:
                 if compiled:  # the fixed-shape step: a bucket of the cache, the column as data
                     next_logits = self._compiled_step(
-                        tokens[:, col], n_real, col_t, key_bias, routing,
+                        tokens[:, col],
+                        n_real,
+                        col_t,
+                        key_bias,
+                        routing,
                         bucket_for(col + 1, buckets),
-                    )  # fmt: skip
+                    )
                     col_t += 1
                 else:
                     next_logits = self.forward_pass.decode(

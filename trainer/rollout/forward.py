@@ -98,8 +98,10 @@ class EngineForward:
             shape = (batch, self.n_kv_heads, length, self.head_dim)
         cache = self.cache
         if cache is None or cache[0][0].shape[0] != batch or cache[0][0].shape[2] < length:
-            keys = [torch.empty(shape, dtype=self.num.dtype, device=self.device)
-                    for _ in range(self.cfg.n_layers)]  # fmt: skip
+            keys = [
+                torch.empty(shape, dtype=self.num.dtype, device=self.device)
+                for _ in range(self.cfg.n_layers)
+            ]
             if self.cfg.mla.enabled:
                 values = [k[..., : self.cfg.mla.kv_lora_rank] for k in keys]
             else:

@@ -145,9 +145,13 @@ AUTO_COMPILED_MIN_STEPS = 10_000
 
 
 def choose_decode(
-    requested: str, device_type: str, decode_steps: int, precision: str, kv_cache: bool,
+    requested: str,
+    device_type: str,
+    decode_steps: int,
+    precision: str,
+    kv_cache: bool,
     expert_parallel: int = 1,
-) -> tuple[str, str]:  # fmt: skip
+) -> tuple[str, str]:
     """``rollout.decode`` resolved: (``eager`` or ``compiled``, why). ``auto`` compiles
     on CUDA for a run of at least ``AUTO_COMPILED_MIN_STEPS`` decode steps where the
     compiled step can run (a KV cache, no fp8, no expert parallelism); eager on the

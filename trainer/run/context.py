@@ -253,6 +253,7 @@ def build_context(
     torch.manual_seed(cfg.run.seed)
     value_head = cfg.algorithm.spec.has_value_head
     policy = TransformerLM(cfg.model, vocab_size, value_head=value_head).to(device)
+    policy.set_moe_layer(cfg.run.moe_layer)  # the reference copy below inherits it
     # The SFT base has no value head: a fresh one is the only missing key allowed.
     policy.load_state_dict(base.state_dict, strict=not value_head)
     if not dist.fsdp:

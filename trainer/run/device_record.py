@@ -16,6 +16,7 @@ from trainer.config import ExperimentConfig
 from trainer.devices.capability import capability_label, device_capability, has_fp8_gemm
 from trainer.devices.dtypes import DTYPES
 from trainer.model.dispatch import choose_backend
+from trainer.model.moe_fused import choose_moe_layer
 from trainer.rollout.fp8 import choose_fp8_plan
 from trainer.rollout.static_decode import choose_decode, compiled_moe_backend
 
@@ -48,6 +49,13 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
             "train": choose_backend("auto", device.type, train_dtype, capability),
             "rollout": rollout,
         }
+        # the training forward's routed experts (trainer.model.moe_fused): fused or
+        # reference; expert biases, another activation or expert parallelism: reference
+        plain = cfg.model.expert_ffn == type(cfg.model.expert_ffn)()  # the SwiGLU experts
+        fusable = plain and cfg.parallel.expert_parallel <= 1
+        record["moe_layer"] = (
+            choose_moe_layer(cfg.run.moe_layer, device.type) if fusable else "reference"
+        )
     if cfg.rollout.precision == "fp8":
         # The engine's plan, from the same capability: "native",
         # "native-dense+emulated-experts" or "emulated", and per GEMM group.
@@ -69,6 +77,10 @@ def device_record(cfg: ExperimentConfig, device: torch.device, engine_dtype: tor
 def decode_choice(cfg: ExperimentConfig, device: torch.device) -> tuple[str, str]:
     """The run's decode step (``rollout.decode``, ``auto`` resolved) and why."""
     return choose_decode(
-        cfg.rollout.decode, device.type, cfg.run.steps * cfg.rollout.max_new_tokens,
-        cfg.rollout.precision, cfg.rollout.kv_cache, cfg.parallel.expert_parallel,
-    )  # fmt: skip
+        cfg.rollout.decode,
+        device.type,
+        cfg.run.steps * cfg.rollout.max_new_tokens,
+        cfg.rollout.precision,
+        cfg.rollout.kv_cache,
+        cfg.parallel.expert_parallel,
+    )

@@ -31,9 +31,14 @@ def check_out_folder(run_dir: Path, out: Path) -> None:
     run, target = run_dir.resolve(), out.resolve()
     if target == run or target in run.parents:
         raise FieldError(
-            [("--out", f"{out} holds the run folder {run_dir}; export into a new folder "
-                       f"(e.g. {run_dir / 'exports' / 'step<N>'})")]
-        )  # fmt: skip
+            [
+                (
+                    "--out",
+                    f"{out} holds the run folder {run_dir}; export into a new folder "
+                    f"(e.g. {run_dir / 'exports' / 'step<N>'})",
+                )
+            ]
+        )
     if (target / CONFIG_FILE).exists() and (
         (target / METRICS_FILE).exists() or checkpoint_path(target).exists()
     ):

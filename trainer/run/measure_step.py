@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer import metric_keys as K
+from trainer.algorithms.logprobs import head_positions, packed_logprobs, scaled
 from trainer.algorithms.losses import (
     gather_logprobs,
 )
@@ -50,15 +51,22 @@ def measure_batch(
     stabilizers = updater.stabilizers
     dist = updater.dist
     override, override_mask = stabilizers.routing_for_measure(data)
+    # optim.logprobs=response: the LM head only where a response token's log-prob needs it
+    positions = (
+        head_positions(data.response_mask, entropy=False)
+        if cfg.optim.logprobs == "response"
+        else None
+    )
     out = policy(
         data.tokens,
         attention_mask=data.attention_mask,
         routing_override=override,
         override_mask=override_mask,
         return_routing=is_moe,
+        logit_positions=positions,
     )
     # The engine's log-probs are of its sampling distribution (logits / T): compare like with like.
-    data.old_logp = gather_logprobs(out.logits / cfg.rollout.temperature, data.tokens)
+    data.old_logp = _logprobs(out.logits, data.tokens, positions, cfg.rollout.temperature)
     data.old_values = out.values
     metrics: dict[str, Any] = _global_mismatch(
         mismatch_stats(data.old_logp, data.rollout_logp, data.response_mask),
@@ -118,9 +126,18 @@ def measure_batch(
             attention_mask=data.attention_mask,
             routing_override=override,
             override_mask=override_mask,
+            logit_positions=positions,
         )
-        data.ref_logp = gather_logprobs(ref_out.logits / cfg.rollout.temperature, data.tokens)
+        data.ref_logp = _logprobs(ref_out.logits, data.tokens, positions, cfg.rollout.temperature)
     return metrics
+
+
+def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, positions, temperature: float):
+    """(B, T) log-probs of the tokens: from logits packed at ``positions``
+    (trainer.algorithms.logprobs), or from (B, T, V) logits when it is None."""
+    if positions is None:
+        return gather_logprobs(scaled(logits, temperature), tokens)
+    return packed_logprobs(logits, tokens, positions, temperature)[0]
 
 
 def _global_mismatch(local: dict[str, float], mask: torch.Tensor, dist: DistContext):

@@ -356,6 +356,7 @@ def _rl_step(ctx: RunContext, step: int) -> dict[str, Any]:
         pad_id=tok.pad_id,
         generator=ctx.generators["sample"],
         use_kv_cache=cfg.rollout.kv_cache,
+        score_prompt=False,  # the step reads response log-probs only
     )
     t_rollout = phase_clock(device)
 

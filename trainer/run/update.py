@@ -25,6 +25,12 @@ from trainer.algorithms.advantages import (
     grpo_advantages,
 )
 from trainer.algorithms.is_correction import is_weights
+from trainer.algorithms.logprobs import (
+    head_positions,
+    packed_entropy,
+    packed_logprobs,
+    scaled,
+)
 from trainer.algorithms.losses import (
     aggregate,
     clipped_policy_loss,
@@ -258,14 +264,19 @@ class PolicyUpdater:
         scale = dict(zip(count, dist.global_scales(list(count.values())), strict=True))
         stabilizers = self.stabilizers
         override, override_mask = stabilizers.routing_for_update(data, rows)
+        # optim.logprobs=response: the LM head only at the positions the loss reads
+        positions = head_positions(mask, entropy=True) if cfg.optim.logprobs == "response" else None
         out = self.train_module(
             tokens,
             attention_mask=attention,
             routing_override=override,
             override_mask=override_mask,
             return_routing=stabilizers.needs_routing,
+            logit_positions=positions,
         )
-        logp = gather_logprobs(out.logits / cfg.rollout.temperature, tokens)
+        logp, entropies = _logprobs_and_entropy(
+            out.logits, tokens, positions, cfg.rollout.temperature, grad=entropy_coef > 0
+        )
         old_logp = behavior_logp(data, algo.behavior_logprobs)[rows]
         token_weights = weights[rows] if cfg.stabilizers.is_correction.kind != "none" else None
         if algo.spec.ratio == "sequence":
@@ -307,7 +318,7 @@ class PolicyUpdater:
         log_r = torch.where(mask, logp.detach() - data.rollout_logp[rows], 0.0)
         means[K.POLICY_ROLLOUT_K3] = (float(masked_mean(torch.expm1(log_r) - log_r, mask)), n_tok)
 
-        entropy = aggregate(entropy_from_logits(out.logits), mask, algo.loss_agg)
+        entropy = aggregate(entropies, mask, algo.loss_agg)
         means[K.POLICY_ENTROPY] = (entropy.item(), count[algo.loss_agg])
         if entropy_coef > 0:
             loss = loss - entropy_coef * entropy * scale[algo.loss_agg]
@@ -395,3 +406,26 @@ def _last_true_index(mask: torch.Tensor) -> torch.Tensor:
     """Index of the last True per row of a (B, T) mask (0 for an all-False row)."""
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     return torch.where(mask, positions, torch.zeros_like(positions)).max(dim=1).values
+
+
+def _logprobs_and_entropy(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+    temperature: float,
+    grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) log-probs of the tokens under logits / temperature and (B, T) entropies of
+    the untempered logits, from (B, T, V) logits or logits packed at ``positions``
+    (trainer.algorithms.logprobs: one log-softmax serves both at temperature 1). The
+    entropy enters the loss only with an entropy bonus: else it is a metric, computed
+    without a graph (``grad``)."""
+    if positions is None:
+        logp = gather_logprobs(scaled(logits, temperature), tokens)
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            return logp, entropy_from_logits(logits)
+    logp, lsm = packed_logprobs(logits, tokens, positions, temperature)
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        if temperature != 1.0:  # the entropy is of the untempered distribution
+            lsm = torch.log_softmax(logits.float(), dim=-1)
+        return logp, packed_entropy(lsm, positions)

@@ -211,6 +211,7 @@ def _train(
     ws = cfg.warm_start
     torch.manual_seed(ws.seed)
     model = build_model(cfg.model, vocab_size, device=device)
+    model.set_moe_layer(cfg.run.moe_layer)
     engine = RolloutEngine(cfg.model, vocab_size, precision="fp32", device=device)
     eval_problems = task.eval_set()[: ws.eval_size]
     max_new = task.max_target_len

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from dashboard.charts.layout import wrap
 from dashboard.charts.style import base_layout, color_of
 from dashboard.charts.survival import (
     LOWER_BOUND_PREFIX,
@@ -24,8 +25,11 @@ from dashboard.charts.survival import (
 
 Outcome = RunOutcome | Event
 
-# Collapse strip: a variant's seeds sit within +-SEED_SPREAD of its tick (axis units).
+# Collapse strip: a variant's seeds sit within +-SEED_SPREAD of its row (axis units).
 SEED_SPREAD = 0.18
+VARIANT_LABEL_CHARS = 24  # a variant's name beside its row, wrapped to lines this long
+CENSORED = "triangle-right-open"  # survived up to here, and on
+KEY_COLOR = "#4d5d6e"
 
 
 def _events(outcomes: Sequence[Outcome]) -> list[tuple[int, bool, str]]:
@@ -47,38 +51,36 @@ def collapse_strip(
     title: str = "Collapse step per seed",
     uirevision: str = "collapse-strip",
 ) -> go.Figure:
-    """Each seed a point at its collapse step; a seed that never collapsed is an
-    open up-triangle at its last step labelled ">= N" (it survived at least that
-    long; seeds censored at the same step share one drawn label, the download
-    has each seed's). A wide dash marks the variant's mean, labelled as in the
-    table, the label to the right of the seeds so the two never overlap."""
+    """One row per variant (its name wrapped beside it, however many variants),
+    each seed a point at its collapse step; a seed that never collapsed is an open
+    right-triangle at its censoring step labelled ">= N" (its collapse, if it ever
+    comes, is at least that late; seeds censored at one step share one drawn
+    label, the download has each seed's). A tall dash marks the variant's mean,
+    labelled as in the table, under the row's seeds so the two never overlap.
+    The legend is only the key to the two marks; the rows name the variants."""
     variants = list(outcomes_by_variant)
     fig = go.Figure(
         layout=base_layout(
             title=title,
-            x_title="variant",
-            y_title="collapse step",
+            x_title="step",
+            y_title="",
             uirevision=uirevision,
             hovermode="closest",
         )
     )
-    fig.update_xaxes(
+    fig.update_yaxes(
         tickmode="array",
         tickvals=list(range(len(variants))),
-        ticktext=variants,
-        range=[-0.6, len(variants) - 0.4],
-        automargin=True,  # rotated variant names push the axis title down, not into it
+        ticktext=[wrap(v, VARIANT_LABEL_CHARS) for v in variants],
+        range=[len(variants) - 0.5, -0.5],  # the first variant on top
+        automargin=True,
+        zeroline=False,
     )
-    # The legend (two entries per variant) right of the plot: below it, the
-    # "variant" title and rotated names would run into it from 6 variants on.
-    fig.update_layout(
-        legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},
-        margin={"r": 200},
-    )
+    fig.update_layout(meta={"x_bounds": [0, None], "rows": len(variants)})
     for pos, variant in enumerate(variants):
         color = color_of(variant, colors)
         events = _events(outcomes_by_variant[variant])
-        # Spread seeds sideways in a fixed pattern so equal steps do not overlap.
+        # Spread seeds in a fixed pattern across the row so equal steps do not overlap.
         offsets = (
             np.linspace(-SEED_SPREAD, SEED_SPREAD, len(events)) if len(events) > 1 else np.zeros(1)
         )
@@ -90,6 +92,18 @@ def collapse_strip(
         if summary.mean_step is not None:
             for trace in _mean_marks(variant, pos, summary, color):
                 fig.add_trace(trace)
+    for name, symbol in (("collapsed", "circle"), ("never collapsed (censored)", CENSORED)):
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=name,
+                marker={"symbol": symbol, "size": 10, "color": KEY_COLOR},
+                hoverinfo="skip",
+                meta={"role": "key", "export": False},
+            )
+        )
     return fig
 
 
@@ -102,31 +116,31 @@ def _seed_points(
     collapsed: bool,
 ) -> go.Scatter:
     """The variant's collapsed seeds (filled circles) or censored ones (open
-    triangles labelled ">= N"), each at its sideways offset from the tick."""
+    triangles labelled ">= N"), each at its offset within the variant's row."""
     steps = [e[0] for _, e in chosen]
     labels = None if collapsed else [f"{LOWER_BOUND_PREFIX}{s}" for s in steps]
     hovers = [
         f"{e[2]}: collapsed at step {e[0]}"
         if collapsed
-        else f"{e[2]}: no collapse by step {e[0]} (censored)"
+        else f"{e[2]}: no collapse in its {e[0]} steps (censored)"
         for _, e in chosen
     ]
     return go.Scatter(
-        x=[pos + off for off, _ in chosen],
-        y=steps,
+        x=steps,
+        y=[pos + off for off, _ in chosen],
         mode="markers" if collapsed else "markers+text",
         name=f"{variant}: collapsed" if collapsed else f"{variant}: censored",
         legendgroup=variant,
+        showlegend=False,
         marker={
-            "symbol": "circle" if collapsed else "triangle-up-open",
+            "symbol": "circle" if collapsed else CENSORED,
             "size": 10 if collapsed else 12,
             "color": color,
             "line": {"width": 1.5, "color": color},
         },
         text=None if labels is None else _one_label_per_step(steps, labels),
-        textposition="top center",
+        textposition="middle left",
         textfont={"color": color, "size": 10},
-        # a ">= N" label above the highest point is drawn past the plot area, not cut
         cliponaxis=False,
         hovertext=hovers,
         hoverinfo="text",
@@ -134,39 +148,47 @@ def _seed_points(
             "variant": variant,
             "role": "collapsed" if collapsed else "censored",
             "export_x": [variant] * len(chosen),
+            "export_y": steps,
             **({} if labels is None else {"export_text": labels}),
         },
     )
 
 
 def _mean_marks(variant: str, pos: int, summary: CollapseSummary, color: str) -> list[go.Scatter]:
-    """A wide dash at the variant's mean collapse step, and its label to the right
-    of every seed's point (so the two never overlap)."""
+    """A tall dash at the variant's mean collapse step, and its label under every
+    seed's point of the row (so the two never overlap)."""
     return [
         go.Scatter(
-            x=[pos],
-            y=[summary.mean_step],
+            x=[summary.mean_step],
+            y=[pos],
             mode="markers",
             name=f"{variant}: mean",
             legendgroup=variant,
             showlegend=False,
-            marker={"symbol": "line-ew-open", "size": 36, "color": color, "line": {"width": 3}},
+            marker={"symbol": "line-ns-open", "size": 26, "color": color, "line": {"width": 3}},
             text=[summary.label],
             hovertext=[f"{variant}: mean {summary.label} ({summary.count_label})"],
             hoverinfo="text",
-            meta={"variant": variant, "role": "mean", "export_x": [variant]},
+            cliponaxis=False,
+            meta={
+                "variant": variant,
+                "role": "mean",
+                "export_x": [variant],
+                "export_y": [summary.mean_step],
+            },
         ),
         go.Scatter(
-            x=[pos + SEED_SPREAD + 0.06],
-            y=[summary.mean_step],
+            x=[summary.mean_step],
+            y=[pos + SEED_SPREAD + 0.17],
             mode="text",
             name=f"{variant}: mean label",
             legendgroup=variant,
             showlegend=False,
-            text=[summary.label],
-            textposition="middle right",
-            textfont={"color": color},
+            text=[f"mean {summary.label}"],
+            textposition="middle center",
+            textfont={"color": color, "size": 10},
             hoverinfo="skip",
+            cliponaxis=False,
             meta={"variant": variant, "role": "mean label", "export": False},
         ),
     ]
@@ -198,7 +220,8 @@ def survival_curves(
             title=title, x_title="step", y_title="runs not yet collapsed", uirevision=uirevision
         )
     )
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    fig.update_yaxes(tickformat=".0%")
+    fig.update_layout(meta={"x_bounds": [0, None], "y_bounds": [0, 1]})
     for variant, outcomes in outcomes_by_variant.items():
         color = color_of(variant, colors)
         events = [(e[0], e[1]) for e in _events(outcomes)]
@@ -234,7 +257,8 @@ def survival_curves(
                         "color": color,
                         "line": {"width": 2},
                     },
-                    hovertemplate="censored (no collapse by step %{x})<extra></extra>",
+                    hovertemplate="censored (no collapse in its %{x} steps)<extra></extra>",
+                    cliponaxis=False,
                     meta={"variant": variant, "role": "censored"},
                 )
             )
@@ -268,7 +292,8 @@ def dose_response(
             uirevision=uirevision,
         )
     )
-    fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%")
+    fig.update_yaxes(tickformat=".0%")
+    fig.update_layout(meta={"y_bounds": [0, 1]})
     levels = list(layout["levels"])
     arms = list(layout["arms"].items())
     for index, (arm, by_level) in enumerate(arms):
@@ -293,6 +318,7 @@ def dose_response(
                     line={"color": color_of(arm, colors)},
                     marker={"symbol": DOSE_SYMBOLS[index % len(DOSE_SYMBOLS)], "size": 9},
                     hovertemplate=f"{arm}<br>%{{text}} collapsed<extra></extra>",
+                    cliponaxis=False,
                     meta={"variant": arm, "role": "dose"},
                 )
             )

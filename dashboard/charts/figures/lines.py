@@ -28,6 +28,7 @@ from dashboard.charts.style import (
     constant_range,
     hover_format,
     metric_axis,
+    metric_bounds,
     metric_title,
     rgba,
     share_tickformat,
@@ -93,6 +94,7 @@ def metric_lines(
         uirevision=(uirevision or key) + (f"|{time_axis.mode}" if timed else ""),
     )
     layout["yaxis"].update(metric_axis(key))
+    layout["meta"] = {"y_bounds": metric_bounds(key)}
     order = list(series_by_run)
     if baseline is not None:
         order.remove(baseline)
@@ -251,6 +253,7 @@ def seed_band(
         )
     )
     fig.update_yaxes(**metric_axis(key))
+    fig.update_layout(meta={"y_bounds": metric_bounds(key)})
     for variant, seeds in seeds_by_variant.items():
         color = color_of(variant, colors)
         if show_seeds:

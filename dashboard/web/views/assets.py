@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from lab.assets import services
 from lab.assets.models import RegisteredDataset, RegisteredModel, Verifier
 from trainer.errors import FieldError
+from trainer.hf.families import FAMILIES
 from trainer.model.param_count import format_params
 
 MODEL_FIELDS = ("name", "path", "description")
@@ -63,5 +64,6 @@ def asset_list(request: HttpRequest) -> HttpResponse:
             "kind": kind,
             "posted": posted,
             "errors": errors,
+            "families": ", ".join(FAMILIES),
         },
     )

@@ -114,11 +114,19 @@ def _posted_reference(request, experiment: Experiment) -> tuple[dict[str, Any], 
 
 def _with_form_fields(model: RegisteredModel) -> RegisteredModel:
     """The model with ``form_fields``: the run form's fields it sets (JSON, for
-    run_form.js), ``model.source`` and the checkpoint's shape."""
-    fields = {
-        "model.source": model.path,
-        **{f"model.{k}": v for k, v in model.model_fields.items()},
-    }
+    run_form.js), ``model.source`` and the checkpoint's shape, a section's fields
+    (``model.mla``, ``model.router``, ...) by their dotted paths."""
+    fields: dict[str, object] = {"model.source": model.path}
+
+    def add(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{prefix}.{key}", inner)
+        else:
+            fields[prefix] = value
+
+    for key, value in model.model_fields.items():
+        add(f"model.{key}", value)
     model.form_fields = json.dumps(fields)
     return model
 

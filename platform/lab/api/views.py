@@ -311,12 +311,14 @@ class SweepCreate(APIView):
         responses=dict,
         parameters=[
             OpenApiParameter(
-                "Idempotency-Key", str, OpenApiParameter.HEADER,
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
                 description="a retry with the same key returns the same sweep (200); "
                 "another request under the key is a 422",
             )
         ],
-    )  # fmt: skip
+    )
     def post(self, request):
         data = _valid(s.SweepCreateSerializer, request.data)
         experiment = data["experiment"]

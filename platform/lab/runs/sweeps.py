@@ -33,7 +33,13 @@ from trainer.studies.definition import StudyDefinition, check_overrides
 def expand_grid(
     grid: Mapping[str, Sequence[Any]], seeds: Sequence[int]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(variant label, overrides) for every combination of grid values x seeds."""
+    """(variant label, overrides) for every combination of grid values x seeds.
+
+    A label names only the fields that vary over the grid (more than one value),
+    by their dotted paths (``rollout.router_noise=0.2, stabilizers.replay.mode=r3``):
+    a field given one value is the same in every variant and says nothing about
+    which one a run is; a leaf name alone (``mode``) is ambiguous across sections.
+    """
     if not isinstance(grid, Mapping):
         raise FieldError([("grid", "the grid must map field paths to lists of values")])
     errors = []
@@ -53,9 +59,11 @@ def expand_grid(
         count *= len(values)
     check_sweep_size(count)
     combos = list(itertools.product(*(grid[p] for p in paths)))
+    varied = [p for p in paths if len({repr(v) for v in grid[p]}) > 1]
     out = []
     for combo in combos:
-        label = ", ".join(f"{p.split('.')[-1]}={v}" for p, v in zip(paths, combo, strict=True))
+        chosen = dict(zip(paths, combo, strict=True))
+        label = ", ".join(f"{p}={chosen[p]}" for p in varied)
         for seed in seeds:
             overrides = dict(zip(paths, combo, strict=True))
             overrides["run.seed"] = seed
@@ -108,9 +116,14 @@ def create_sweep(
     key = check_idempotency_key(idempotency_key)
     planned = preview_sweep(base_config, grid, seeds)
     fingerprint = request_fingerprint(
-        experiment=experiment.pk, base_config=base_config, grid=grid, seeds=list(seeds),
-        queue=queue, name=name, priority=priority,
-    )  # fmt: skip
+        experiment=experiment.pk,
+        base_config=base_config,
+        grid=grid,
+        seeds=list(seeds),
+        queue=queue,
+        name=name,
+        priority=priority,
+    )
     if key and (earlier := Sweep.objects.filter(owner=owner, idempotency_key=key).first()):
         return _same_sweep_or_conflict(earlier, fingerprint, key)
     check_new_runs(owner, [cfg for _, cfg in planned])
@@ -129,9 +142,14 @@ def create_sweep(
             )
             for label, cfg in planned:
                 create_run(
-                    owner=owner, experiment=experiment, config=cfg, queue=queue,
-                    priority=priority, variant=label, sweep=sweep,
-                )  # fmt: skip
+                    owner=owner,
+                    experiment=experiment,
+                    config=cfg,
+                    queue=queue,
+                    priority=priority,
+                    variant=label,
+                    sweep=sweep,
+                )
     except IntegrityError:
         earlier = Sweep.objects.filter(owner=owner, idempotency_key=key).first() if key else None
         if earlier is None:
