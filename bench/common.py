@@ -56,9 +56,11 @@ def children_cpu_s() -> float:
 
 def _stat_cpu_s(pid: int) -> tuple[int, float] | None:
     """(parent pid, CPU seconds of ``pid`` and of its reaped children) from /proc:
-    its own time from ``schedstat`` (nanoseconds on the CPU), falling back on
-    ``stat``'s clock ticks (1/100 s: coarse for a call of a few ms); its reaped
-    children's from ``stat`` (ticks)."""
+    its own time from every thread's ``schedstat`` (nanoseconds on the CPU; the
+    process's own ``schedstat`` is its main thread only, which leaves out a
+    threaded server's request threads), falling back on ``stat``'s clock ticks
+    (1/100 s: coarse for a call of a few ms); its reaped children's from ``stat``
+    (ticks)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -67,8 +69,11 @@ def _stat_cpu_s(pid: int) -> tuple[int, float] | None:
     ticks = os.sysconf("SC_CLK_TCK")
     own = (int(fields[11]) + int(fields[12])) / ticks
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            own = int(f.read().split()[0]) / 1e9
+        threads = 0.0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                threads += int(f.read().split()[0]) / 1e9
+        own = threads
     except (OSError, IndexError, ValueError):
         pass
     return int(fields[1]), own + (int(fields[13]) + int(fields[14])) / ticks

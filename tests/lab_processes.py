@@ -48,6 +48,19 @@ REDIS_URL = os.environ.get("LAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 PG_ADMIN_URL = os.environ.get("LAB_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
+def pg_up() -> bool:
+    """Whether the PostgreSQL server of PG_ADMIN_URL answers (tests that need one skip)."""
+    try:
+        import psycopg
+
+        psycopg.connect(
+            PG_ADMIN_URL.replace("postgres://", "postgresql://"), connect_timeout=3
+        ).close()
+        return True
+    except Exception:
+        return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -198,6 +198,7 @@ def call_table(uri: str, work: Path) -> dict[str, Any]:
     main = ids.add(client.create_experiment(f"{PREFIX}main", tags={"team": "rl"}), "main")
     other = ids.add(client.create_experiment(f"{PREFIX}other"), "other")
     doomed = ids.add(client.create_experiment(f"{PREFIX}doomed"), "doomed")
+    mlflow.set_experiment(experiment_id=main)  # the fluent calls below resume main's runs
     client.set_experiment_tag(main, "goal", "stability")
     client.set_experiment_tag(other, "team", "infra")
     got = client.get_experiment(main)

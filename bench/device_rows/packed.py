@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.devices.mps import mps_daemon
-from trainer.devices.packing import claim_slot, plan_slots
+from trainer.devices.packing import claim_slot, parse_visible_devices, plan_slots
 
 COUNTS = (1, 4, 8, 16)
 STEPS = 12
@@ -82,7 +82,9 @@ def _worker(slots, commands, results, preset: str, device: str, dry: bool) -> No
 def _measure_mode(mps: str, counts: tuple[int, ...], steps: int, preset: str, ctx) -> dict:
     spawn = mp.get_context("spawn")
     device = ctx.device.type
-    gpus = ["0"] if device == "cuda" else []
+    # the first GPU this process may use (a host may have handed it one by its number)
+    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")) or ["0"]
+    gpus = visible[:1] if device == "cuda" else []
     most = max(counts)
     with mps_daemon(mps, gpus, most) as state:
         if mps != "off" and not state.active:

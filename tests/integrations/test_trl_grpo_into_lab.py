@@ -121,7 +121,10 @@ def _train_trl(root: Path) -> RecordLogs:
         beta=0.04,  # a reference model, so TRL logs its KL
         learning_rate=1e-3,
         logging_steps=1,
-        save_strategy="no",
+        # a checkpoint half-way and at the end, each uploaded to the lab as an MLflow
+        # logged model (HF_MLFLOW_LOG_ARTIFACTS=1: transformers' MLflowCallback.on_save)
+        save_strategy="steps",
+        save_steps=STEPS // 2,
         use_cpu=True,
         bf16=False,
         seed=0,
@@ -178,6 +181,7 @@ def trained(lab):
             env.delenv(name, raising=False)
         env.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         env.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+        env.setenv("HF_MLFLOW_LOG_ARTIFACTS", "1")
         env.setenv("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(1)
         try:
@@ -428,3 +432,35 @@ def test_compare_the_lab_run_and_the_trl_run(lab, trained, browser):
         assert set(labels.values()) <= names, key
     for run_id in (lab_id, trl_id):  # both expert-load heatmaps of layer 0, side by side
         assert f"/runs/{run_id}/heatmap?layer=0" in html
+
+
+def test_trl_checkpoints_are_downloadable_from_the_run_page(lab, trained, browser):
+    """With HF_MLFLOW_LOG_ARTIFACTS=1 the Trainer uploads every checkpoint as an MLflow
+    logged model (mlflow.pyfunc.log_model: logged-models, the artifact API, finalize)
+    and trains to the end; the run page lists them and hands one out as a zip."""
+    import io
+    import zipfile
+
+    trl_id = trained["trl_id"]
+    assert lab.run(trl_id)["status"] == "succeeded"
+    assert sorted(trained["logs"])[-1] == STEPS  # trained to the end
+    found = lab.request("POST", "/api/2.0/mlflow/logged-models/search", {
+        "experiment_ids": [str(trained["experiment"]["id"])]})[1]["models"]  # fmt: skip
+    names = sorted(m["info"]["name"] for m in found)
+    assert names == [f"checkpoint-{STEPS // 2}", f"checkpoint-{STEPS}"]
+    assert all(m["info"]["status"] == "LOGGED_MODEL_READY" for m in found)
+    assert {m["info"]["source_run_id"] for m in found} == {str(trl_id)}
+    code, html = browser(f"/runs/{trl_id}/")
+    assert code == 200
+    models = html.split('data-field="artifacts"')[1].split("</section>")[0]
+    last = next(m for m in found if m["info"]["name"] == f"checkpoint-{STEPS}")
+    assert f'data-model="{last["info"]["model_id"]}"' in models
+    opener = _session(lab)
+    url = f"http://127.0.0.1:{lab.port}/runs/{trl_id}/models/{last['info']['model_id']}"
+    with opener.open(url, timeout=120) as resp:
+        archive = zipfile.ZipFile(io.BytesIO(resp.read()))
+    files = archive.namelist()
+    assert "MLmodel" in files
+    weights = [f for f in files if f.endswith("model.safetensors")]
+    assert weights and archive.getinfo(weights[0]).file_size > 1000
+    assert any(f.endswith("config.json") for f in files)

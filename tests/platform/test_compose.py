@@ -25,7 +25,11 @@ def compose_binary() -> Path:
 
 
 def compose_config(path: Path, *profiles: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DJANGO_SECRET_KEY": COMPOSE_SECRET}
+    env = {
+        **os.environ,
+        "DJANGO_SECRET_KEY": COMPOSE_SECRET,
+        "MINIO_ROOT_PASSWORD": "minio-" + "pw" * 8,
+    }
     chosen = [arg for profile in profiles for arg in ("--profile", profile)]
     return subprocess.run(
         [str(compose_binary()), "-f", str(path), *chosen, "config", "--format", "json"],
@@ -113,3 +117,17 @@ def test_web_healthcheck_asks_the_anonymous_health_endpoint(config):
     test = config["services"]["web"]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
     assert "urllib.request" in test[3] and "http://127.0.0.1:8000/api/health" in test[3]
+
+
+def test_artifacts_go_to_the_stacks_s3_store(config):
+    """MLflow artifacts in MinIO (S3-compatible), its bucket made before the web app
+    starts; the web app's threads keep a long upload from tripping the worker timeout."""
+    env = config["services"]["web"]["environment"]
+    assert env["LAB_ARTIFACT_STORE"].startswith("s3://lab-artifacts")
+    assert env["LAB_S3_ENDPOINT_URL"] == "http://minio:9000"
+    assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"]
+    assert config["services"]["minio"]["healthcheck"]["test"]
+    assert config["services"]["web"]["depends_on"]["minio-bucket"]["condition"] == (
+        "service_completed_successfully"
+    )
+    assert "gthread" in " ".join(config["services"]["web"]["command"])

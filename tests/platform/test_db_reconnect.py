@@ -7,23 +7,11 @@ failover, an idle-connection reaper), and the poll goes on without a single
 from __future__ import annotations
 
 import pytest
-from lab_processes import PG_ADMIN_URL, LabStack
+from lab_processes import PG_ADMIN_URL, LabStack, pg_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 POLLED = ["/api/runs", "/api/queue", "/api/experiments", "/api/health"]
-
-
-def _pg_up() -> bool:
-    try:
-        import psycopg
-
-        psycopg.connect(
-            PG_ADMIN_URL.replace("postgres://", "postgresql://"), connect_timeout=3
-        ).close()
-        return True
-    except Exception:
-        return False
 
 
 def _terminate_backends(database: str) -> int:
@@ -42,7 +30,7 @@ def _terminate_backends(database: str) -> int:
 
 @pytest.fixture
 def pg_stack(tmp_path, monkeypatch):
-    if not _pg_up():
+    if not pg_up():
         pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
     # LabStack makes a fresh PostgreSQL database when the suite's DATABASE_URL is one.
     monkeypatch.setenv("DATABASE_URL", PG_ADMIN_URL)

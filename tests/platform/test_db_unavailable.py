@@ -17,7 +17,7 @@ import urllib.request
 from http.cookiejar import CookieJar
 
 import pytest
-from lab_processes import PG_ADMIN_URL, LabStack, _free_port
+from lab_processes import PG_ADMIN_URL, LabStack, _free_port, pg_up
 
 from lab.jobs import launch
 
@@ -81,18 +81,6 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
             self._open.clear()
-
-
-def _pg_up() -> bool:
-    try:
-        import psycopg
-
-        psycopg.connect(
-            PG_ADMIN_URL.replace("postgres://", "postgresql://"), connect_timeout=3
-        ).close()
-        return True
-    except Exception:
-        return False
 
 
 class Client:
@@ -162,7 +150,7 @@ def _unavailable(results) -> None:
 
 
 def test_postgres_restarting_is_a_503_with_retry_after_then_200(tmp_path, monkeypatch):
-    if not _pg_up():
+    if not pg_up():
         pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
     monkeypatch.setenv("DATABASE_URL", PG_ADMIN_URL)
     monkeypatch.setenv("DJANGO_SECRET_KEY", "test-only-secret-key")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -323,7 +324,10 @@ def test_eight_packed_runs_train_at_once_on_one_gpu(tmp_path: Path, monkeypatch)
     from trainer.studies.study import run_study
 
     monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    from trainer.devices.packing import parse_visible_devices
+
+    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES", "")) or ["0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible[0])  # one GPU, as this host numbers it
     study = StudyDefinition.from_dict({
         "name": "packed", "base": {"preset": "moe-grpo", "set": RUN}, "seeds": list(range(8)),
         "parallel": 8, "variants": [{"name": "moe"}],

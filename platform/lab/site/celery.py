@@ -49,7 +49,14 @@ app.conf.update(
             # The reconciler is cheap and idempotent; a dedicated queue keeps it
             # from waiting behind hours-long training runs.
             "options": {"queue": "control"},
-        }
+        },
+        # TensorBoard imports (tracking/tb_jobs.py): a lost message sent again, an import
+        # whose worker died ended, so none stays running.
+        "reconcile-imports": {
+            "task": "tracking.reconcile_imports",
+            "schedule": settings.LAB_RECONCILE_EVERY_S,
+            "options": {"queue": "control"},
+        },
     },
 )
 app.autodiscover_tasks()

@@ -293,6 +293,11 @@ LAB_DATASET_INLINE_BYTES = int(os.environ.get("LAB_DATASET_INLINE_BYTES", 16 * 1
 # A checkpoint with more weight bytes than this has its weights scanned for NaN and Inf
 # by the control queue's worker (about 1 GB/s), not inside the request that registers it.
 LAB_MODEL_INLINE_BYTES = int(os.environ.get("LAB_MODEL_INLINE_BYTES", 2 * 1024**3))
+# A TensorBoard folder with more event-file bytes than this is imported by the control
+# queue's worker (tracking/tb_jobs.py), not inside the request; a running import whose
+# worker stopped heartbeating this long is failed by the reconciler.
+LAB_TENSORBOARD_INLINE_BYTES = int(os.environ.get("LAB_TENSORBOARD_INLINE_BYTES", 1024**2))
+LAB_IMPORT_STALE_AFTER_S = float(os.environ.get("LAB_IMPORT_STALE_AFTER_S", 1800))
 LAB_QUEUES = [q for q in os.environ.get("LAB_QUEUES", "cpu,gpu-a100").split(",") if q]
 LAB_DEFAULT_QUEUE = os.environ.get("LAB_DEFAULT_QUEUE", "cpu")
 # What this worker process can run (lab/jobs/capacity.py): GPUs it owns (default:

@@ -31,6 +31,15 @@ def _limit(body, default: int) -> int:
     return payload.integer(body, "max_results", default=default, lo=1, hi=MAX_MODELS_PER_PAGE)
 
 
+def _search_args(body) -> tuple[str, list[str], str]:
+    """A search request's filter, order_by list and page token."""
+    return (
+        payload.text(body, "filter", max_length=10000, required=False, any_text=True),
+        string_list(body, "order_by", most=100),
+        payload.text(body, "page_token", max_length=1000, required=False, any_text=True),
+    )
+
+
 def _paged(key: str, items: list, token: str | None) -> dict[str, Any]:
     answer: dict[str, Any] = {key: items}
     if token:
@@ -145,12 +154,7 @@ def registered_models_delete(request, user, body):
 
 @endpoint("GET", "POST")
 def registered_models_search(request, user, body):
-    found, token = registry.search_models(
-        payload.text(body, "filter", max_length=10000, required=False, any_text=True),
-        string_list(body, "order_by", most=100),
-        payload.text(body, "page_token", max_length=1000, required=False, any_text=True),
-        _limit(body, 100),
-    )
+    found, token = registry.search_models(*_search_args(body), _limit(body, 100))
     return _paged("registered_models", [registry.model_json(m) for m in found], token)
 
 
@@ -252,12 +256,7 @@ def model_versions_delete(request, user, body):
 
 @endpoint("GET", "POST")
 def model_versions_search(request, user, body):
-    found, token = registry.search_versions(
-        payload.text(body, "filter", max_length=10000, required=False, any_text=True),
-        string_list(body, "order_by", most=100),
-        payload.text(body, "page_token", max_length=1000, required=False, any_text=True),
-        _limit(body, 10000),
-    )
+    found, token = registry.search_versions(*_search_args(body), _limit(body, 10000))
     return _paged("model_versions", [registry.version_json(mv) for mv in found], token)
 
 

@@ -216,3 +216,46 @@ class ModelVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.registered_model.name} v{self.version}"
+
+
+class ImportStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class TensorBoardImportJob(models.Model):
+    """One import of a TensorBoard event folder into an external run, done by the
+    control queue's worker (or within the request for a small folder): every job
+    ends succeeded or failed, with the points read and skipped and each file's
+    records and problems (tracking/tb_jobs.py)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    folder = models.CharField(max_length=4096)
+    steps_per_rollout = models.PositiveIntegerField(null=True, blank=True)
+    final = models.BooleanField(
+        default=True, help_text="End the run when the import ends (false: a folder followed)."
+    )
+    status = models.CharField(
+        max_length=16, choices=ImportStatus.choices, default=ImportStatus.QUEUED, db_index=True
+    )
+    points = models.BigIntegerField(default=0, help_text="Points stored.")
+    skipped = models.BigIntegerField(
+        default=0, help_text="Scalar events not stored (a step out of range, a tag too long)."
+    )
+    files = models.JSONField(
+        default=list, blank=True, help_text="[{file, bytes, records, problem}] per event file."
+    )
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"TensorBoard import {self.pk} of run {self.run_id} ({self.status})"

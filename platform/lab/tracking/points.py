@@ -18,12 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.db import connection
+
 from lab.runs.metrics.ingest import upsert_steps
 from lab.runs.models import MetricStep, Run
 from lab.tracking import metric_map
 from lab.tracking.models import MetricPoint, NonFinite, TrackedRun
 from lab.tracking.payload import Point
 from trainer import metric_keys as mk
+
+_POINT_FIELDS = ("run", "key", "step", "timestamp", "value", "nonfinite")
 
 
 def store_points(
@@ -119,23 +123,30 @@ def merge_into_steps(run: Run, by_step: dict[int, dict[str, Any]]) -> None:
 
 
 def keep_as_logged(run_id: int, points: list[Point]) -> None:
-    """Every point as logged, one ``MetricPoint`` each; one already stored (a retried
-    batch, the same TensorBoard event read again) is skipped by the unique key."""
-    MetricPoint.objects.bulk_create(
-        [
-            MetricPoint(
-                run_id=run_id,
-                key=p.key,
-                step=p.step,
-                timestamp=p.timestamp,
-                value=0.0 if p.value is None else p.value,
-                nonfinite=(p.special or NonFinite.NAN) if p.value is None else 0,
-            )
-            for p in points
-        ],
-        ignore_conflicts=True,
-        batch_size=1000,
+    """Every point as logged, one ``MetricPoint`` row each; one already stored (a retried
+    batch, the same TensorBoard event read again) is skipped by the unique key.
+
+    One ``INSERT ... ON CONFLICT DO NOTHING`` run over all rows (the DB-API's
+    executemany; SQLite and PostgreSQL both take the clause): the ORM's bulk_create
+    spent 160 ms per 1,000 points building model instances and SQL, this takes a
+    few (docs/benchmarks-archive.md, "MLflow ingestion")."""
+    if not points:
+        return
+    quote = connection.ops.quote_name
+    fields = [MetricPoint._meta.get_field(f).column for f in _POINT_FIELDS]
+    sql = (
+        f"INSERT INTO {quote(MetricPoint._meta.db_table)} ({', '.join(map(quote, fields))}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING"
     )
+    nan = int(NonFinite.NAN)
+    rows = [
+        (run_id, p.key, p.step, p.timestamp, p.value, 0)
+        if p.value is not None
+        else (run_id, p.key, p.step, p.timestamp, 0.0, p.special or nan)
+        for p in points
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
 
 
 def learn_moe_layers(model: dict[str, Any], vector_keys: set[str]) -> None:

@@ -265,7 +265,7 @@ def log_batch(
         run.save(
             update_fields=["config", "source", "current_step", "total_steps", "variant", "seed"]
         )
-        tracked.save()
+        tracked.save(update_fields=["tags", "parent", "latest_metrics", "stored_as"])
         sealed_before = run.metric_chunks_sealed
     last = max(
         (p.step if lab_step is None else lab_step(p.key, p.step)) for p in metrics or [_NO_POINT]
@@ -394,9 +394,13 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
     """Inside a transaction: the external run, row-locked (the metric store's lock), after
     the rights check: its owner or staff write to it; a deleted run takes no writes
     but its restore (MLflow: "must be in the 'active' state")."""
-    run, _ = get_run(run_id)
-    lock_run(run.pk)
-    run = Run.all_objects.select_related("experiment").get(pk=run.pk)
+    pk = parse_id(run_id, "run_id")
+    lock_run(pk)  # first: what is read next is what no other writer changes meanwhile
+    # not the experiment: its base config is a whole resolved config to decode per batch
+    run = Run.all_objects.filter(pk=pk).first()
+    tracked = TrackedRun.objects.filter(run_id=pk).first() if run is not None else None
+    if run is None or tracked is None or run.origin != RunOrigin.EXTERNAL:
+        raise missing(f"Run '{run_id}' not found")
     if not run.can_manage(user):
         raise MlflowError(
             PERMISSION_DENIED, f"only the owner of run {run.pk} or staff can write to it"
@@ -405,12 +409,12 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
         raise invalid(f"The run {run.pk} must be in the 'active' state. Current state is deleted.")
     # Every write is a sign of life: the run's last contact, and a run marked lost
     # (silent past LAB_EXTERNAL_LOST_AFTER_S) that reports again is running again.
-    Run.all_objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
-    Run.all_objects.filter(pk=run.pk, status=RunStatus.LOST).update(
-        status=RunStatus.RUNNING, error=""
-    )
-    run = Run.all_objects.select_related("experiment").get(pk=run.pk)
-    tracked = TrackedRun.objects.get(run_id=run.pk)
+    now = timezone.now()
+    revived = {"status": RunStatus.RUNNING, "error": ""} if run.status == RunStatus.LOST else {}
+    Run.all_objects.filter(pk=run.pk).update(heartbeat_at=now, **revived)
+    run.heartbeat_at = now
+    for field, value in revived.items():
+        setattr(run, field, value)
     return run, tracked
 
 

@@ -193,6 +193,7 @@ class TensorBoardImport:
         self.acc = _accumulator(folder)
         self.seen: dict[tuple[str, str], int] = {}  # (kind, tag) -> events already stored
         self.given_k = steps_per_rollout
+        self.skipped = 0  # scalar events not stored: a step outside 0..MAX_STEP, a tag too long
 
     @classmethod
     def start(
@@ -263,6 +264,8 @@ class TensorBoardImport:
             for step, wall_time, value in events[start:]:
                 if 0 <= step <= MAX_STEP and len(tag) <= 200:
                     points.append(_point(tag, value, wall_time, step))
+                else:
+                    self.skipped += 1
             self.seen[("scalar", tag)] = len(events)
         for i in range(0, len(points), MAX_METRICS_PER_BATCH):
             services.log_batch(

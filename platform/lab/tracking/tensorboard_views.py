@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
-from lab.tracking import payload, services
-from lab.tracking.errors import invalid
+from lab.runs.models import Run
+from lab.tracking import payload, services, tb_jobs
+from lab.tracking.errors import invalid, missing
 from lab.tracking.http import endpoint, run_id_of
 
 
@@ -15,13 +16,16 @@ def tensorboard_import(request, user, body):
     "steps_per_rollout"}``: read the
     event files in ``path`` (inside LAB_ASSET_ROOTS) into a new external run, or into
     ``run_id`` again (a folder still being written: only what is new is added).
-    ``final`` (default true) marks the run finished; false leaves it running for the
-    next call. ``steps_per_rollout``: slime's train steps per rollout (default: inferred).
-    The answer lists what was not imported (text, images, ...) with the reason."""
+    ``final`` (default true) ends the run with the import; false leaves it running for
+    the next call. ``steps_per_rollout``: slime's train steps per rollout (default:
+    inferred). A folder over LAB_TENSORBOARD_INLINE_BYTES is imported by the control
+    queue's worker: the answer then says ``"import_status": "queued"`` and
+    ``GET /api/tracking/tensorboard/status?import_id=N`` follows it. The answer lists
+    the points read and skipped, each file's records and problems, and what was not
+    imported (text, images, ...) with the reason (tracking/tb_jobs.py)."""
     from pathlib import Path
 
     from lab.assets.roots import check_path
-    from lab.tracking.tensorboard import TensorBoardImport
     from trainer.errors import FieldError
 
     raw = payload.text(body, "path", max_length=4096)
@@ -40,26 +44,43 @@ def tensorboard_import(request, user, body):
     final = body.get("final", True)
     if not isinstance(final, bool):
         raise invalid("Invalid value for parameter 'final': true or false")
-    if body.get("run_id") not in (None, ""):
-        job = TensorBoardImport.resume(
-            services.get_run(run_id_of(body))[0].pk, folder, steps_per_rollout
-        )
-    else:
-        job = TensorBoardImport.start(
-            user=user,
-            experiment_id=body.get("experiment_id"),
-            folder=folder,
-            run_name=payload.text(
-                body, "run_name", max_length=payload.MAX_RUN_NAME_LENGTH, required=False
-            ),
-            framework=framework,
-            steps_per_rollout=steps_per_rollout,
-        )
-    points = job.poll(user)
-    run = job.finish(user) if final else job.run
+    job = tb_jobs.request_import(
+        user=user,
+        folder=folder,
+        experiment_id=body.get("experiment_id"),
+        run_id=run_id_of(body) if body.get("run_id") not in (None, "") else None,
+        run_name=payload.text(
+            body, "run_name", max_length=payload.MAX_RUN_NAME_LENGTH, required=False
+        ),
+        framework=framework,
+        steps_per_rollout=steps_per_rollout,
+        final=final,
+    )
+    return _answer(job)
+
+
+def _answer(job) -> dict:
+    from lab.tracking.models import TrackedRun
+
+    run = Run.all_objects.get(pk=job.run_id)
+    tracked = TrackedRun.objects.filter(run_id=run.pk).first()
     return {
-        "run_id": str(run.pk),
-        "points": points,
+        **tb_jobs.describe(job),
         "status": run.status,
-        "not_imported": job.tracked.import_notes,
+        "not_imported": tracked.import_notes if tracked is not None else [],
     }
+
+
+@endpoint("GET")
+def tensorboard_import_status(request, user, body):
+    """``?import_id=N``: where an import stands (queued, running, succeeded, failed)
+    with the points read and skipped and each file's records and problems."""
+    from lab.tracking.models import TensorBoardImportJob
+
+    job_id = payload.integer(body, "import_id", lo=1, hi=2**62)
+    if job_id is None:
+        raise invalid("Missing value for required parameter 'import_id'")
+    job = TensorBoardImportJob.objects.filter(pk=job_id).first()
+    if job is None:
+        raise missing(f"No TensorBoard import with id {job_id}")
+    return _answer(job)

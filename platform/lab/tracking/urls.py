@@ -97,5 +97,10 @@ urlpatterns = [
         tensorboard_views.tensorboard_import,
         name="tracking-tensorboard",
     ),
+    path(
+        "api/tracking/tensorboard/status",
+        tensorboard_views.tensorboard_import_status,
+        name="tracking-tensorboard-status",
+    ),
     *[path(f"{prefix}<path:rest>", not_found) for prefix in (*PREFIXES, *ARTIFACT_PREFIXES)],
 ]

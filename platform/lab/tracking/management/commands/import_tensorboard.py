@@ -68,6 +68,9 @@ class Command(BaseCommand):
                     framework=opts["framework"],
                     steps_per_rollout=opts["steps_per_rollout"],
                 )
+        except MlflowError as exc:
+            raise CommandError(exc.message, returncode=2) from None
+        try:
             stored = job.poll(user)
             self.stdout.write(f"run {job.run.pk}: {stored} points")
             quiet_since = time.monotonic()
@@ -77,9 +80,15 @@ class Command(BaseCommand):
                 if new:
                     quiet_since = time.monotonic()
                     self.stdout.write(f"run {job.run.pk}: +{new} points")
-            run = job.finish(user)
-        except MlflowError as exc:
-            raise CommandError(exc.message, returncode=2) from None
+        except KeyboardInterrupt:  # following stopped by hand: the run ends with what it has
+            self.stdout.write(f"run {job.run.pk}: stopped following")
+        except Exception as exc:  # never leave the run running: it fails with the reason
+            job.finish(user, status="FAILED")
+            message = (
+                exc.message if isinstance(exc, MlflowError) else f"{type(exc).__name__}: {exc}"
+            )
+            raise CommandError(f"import failed, run {job.run.pk} failed: {message}") from None
+        run = job.finish(user)
         for note in job.tracked.import_notes:
             self.stdout.write(f"not imported: {note['tag']} ({note['kind']}): {note['reason']}")
         self.stdout.write(f"run {run.pk}: {run.status}, {run.current_step} steps")
