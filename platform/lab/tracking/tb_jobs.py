@@ -66,9 +66,13 @@ def request_import(
             )
     else:
         run = TensorBoardImport.start(
-            user=user, experiment_id=experiment_id, folder=folder, run_name=run_name,
-            framework=framework, steps_per_rollout=steps_per_rollout,
-        ).run  # fmt: skip
+            user=user,
+            experiment_id=experiment_id,
+            folder=folder,
+            run_name=run_name,
+            framework=framework,
+            steps_per_rollout=steps_per_rollout,
+        ).run
     job = TensorBoardImportJob.objects.create(
         run=run, owner=user, folder=str(folder), steps_per_rollout=steps_per_rollout, final=final
     )
