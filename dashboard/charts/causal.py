@@ -20,7 +20,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dashboard.charts.figures.collapse import KEY_COLOR
+from dashboard.charts.figures.collapse import add_outcome_key
 from dashboard.charts.style import base_layout, color_of
 from trainer.analysis.run_record import RunRecord
 
@@ -164,18 +164,7 @@ def gap_scatter(records: Sequence[RunRecord], colors: dict[str, str] | None = No
                 )
             )
             first = False
-    for name, symbol in (("collapsed", "circle"), ("never collapsed (censored)", "circle-open")):
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                name=name,
-                marker={"symbol": symbol, "size": 9, "color": KEY_COLOR},
-                hoverinfo="skip",
-                meta={"role": "key", "export": False},
-            )
-        )
+    add_outcome_key(fig, "circle-open", size=9)
     layout = base_layout(
         title="Time to collapse against the routing gap",
         x_title="routing gap at the start (% of token-layer pairs)",

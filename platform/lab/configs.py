@@ -97,7 +97,8 @@ def _every_error(data: Mapping[str, Any]) -> ExperimentConfig | list[tuple[str, 
         all_errors(dict(data), lengths=not refused) if isinstance(data, Mapping) else (None, [])
     )
     errors.extend(e for e in schema_errors if e not in errors)
-    source = (data.get("model") or {}).get("source") if isinstance(data, Mapping) else None
+    model = data.get("model") if isinstance(data, Mapping) else None
+    source = model.get("source") if isinstance(model, Mapping) else None
     if cfg is not None and not schema_errors:
         gather(check_reward_function, cfg)  # imports and calls no reward function
     if cfg is not None:

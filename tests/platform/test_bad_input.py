@@ -222,3 +222,14 @@ def test_unexpected_api_errors_are_logged_with_their_traceback(settings):
         logger.removeHandler(handler)
     assert records and records[0].exc_info[0] is RuntimeError
     assert settings.LOGGING["loggers"]["lab.api"]["handlers"] == ["console"]  # stderr
+
+
+@pytest.mark.parametrize("model", ["text", 3, ["a"]])
+def test_a_section_that_is_not_an_object_is_a_field_error(api, experiment, model):
+    """Every check of the config gate runs on one answer (lab.configs): the ones that
+    read a section must not trip over a section of the wrong type."""
+    response = api.post(
+        "/api/runs", {"experiment": experiment.pk, "config": {"model": model}}, format="json"
+    )
+    assert response.status_code == 400
+    assert "config.model" in response.json()["errors"]

@@ -92,19 +92,26 @@ def collapse_strip(
         if summary.mean_step is not None:
             for trace in _mean_marks(variant, pos, summary, color):
                 fig.add_trace(trace)
-    for name, symbol in (("collapsed", "circle"), ("never collapsed (censored)", CENSORED)):
+    add_outcome_key(fig, CENSORED)
+    return fig
+
+
+def add_outcome_key(fig: go.Figure, censored_symbol: str, size: int = 10) -> None:
+    """Two legend entries that explain the marks, in a neutral colour: a filled
+    circle for a collapse, ``censored_symbol`` for a run that never collapsed.
+    They draw nothing and are not exported."""
+    for name, symbol in (("collapsed", "circle"), ("never collapsed (censored)", censored_symbol)):
         fig.add_trace(
             go.Scatter(
                 x=[None],
                 y=[None],
                 mode="markers",
                 name=name,
-                marker={"symbol": symbol, "size": 10, "color": KEY_COLOR},
+                marker={"symbol": symbol, "size": size, "color": KEY_COLOR},
                 hoverinfo="skip",
                 meta={"role": "key", "export": False},
             )
         )
-    return fig
 
 
 def _seed_points(
