@@ -322,3 +322,14 @@ def test_a_rollout_without_prompt_scores_samples_the_same_tokens(tiny_moe_cfg, m
     assert torch.equal(full.logprobs[:, 5:], lean.logprobs[:, 5:])
     assert torch.equal(full.routing.indices, lean.routing.indices)
     assert not lean.logprobs[:, :5].any()
+
+
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "race"])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_row_of_nan_logprobs_samples_a_token_in_range(sampler, top_p):
+    """A policy whose logits overflowed gives NaN log-probs: the draw stays a token id
+    (the NaN reaches the loss, where the run records it), never an index error."""
+    logp = torch.log_softmax(torch.randn(3, 7), dim=-1)
+    logp[1] = float("nan")
+    tokens = sample_next(logp, 1.0, top_p, torch.Generator().manual_seed(0), sampler)
+    assert tokens.shape == (3,) and int(tokens.min()) >= 0 and int(tokens.max()) < 7

@@ -76,6 +76,11 @@ def sample_next(
     # last token of non-zero probability (searchsorted would then return V).
     point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     index = torch.searchsorted(cdf, point, right=True)  # (B, 1): first cdf > point
+    # A row of NaN log-probs (a policy whose logits overflowed) has a NaN cdf, and
+    # searchsorted answers V for it: kept in range, the row samples the last token
+    # and its NaN log-prob reaches the loss, where the run records it (non-finite at
+    # step 0: a failed run; later: a collapse), instead of an index error here.
+    index = index.clamp_(max=cdf.shape[-1] - 1)
     return (index if order is None else order.gather(-1, index)).squeeze(-1)
 
 
