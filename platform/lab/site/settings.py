@@ -246,10 +246,14 @@ SPECTACULAR_SETTINGS = {
     # Browsable docs from local static files, never a CDN
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    # Runs and exports both have a "status" field with different choices.
+    # Runs, exports, datasets, TensorBoard imports and logged models each have a
+    # "status" field: one schema name per choice set (exports and imports share
+    # one set: queued, running, succeeded, failed).
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "lab.runs.models.RunStatus",
-        "ExportStatusEnum": "lab.runs.models.ExportStatus",
+        "JobStatusEnum": "lab.runs.models.ExportStatus",
+        "DatasetStatusEnum": "lab.assets.models.DatasetStatus",
+        "LoggedModelStatusEnum": "lab.tracking.models.LoggedModelStatus",
     },
 }
 
