@@ -48,6 +48,7 @@ def test_a_shell_reads_a_file_nobody_read_since_it_was_written():
 
 CLEAN = """
 import os
+import shutil
 from pathlib import Path
 
 
@@ -57,6 +58,14 @@ def test_uses_its_own_folders(tmp_path):
     runs.mkdir(parents=True)
     (runs / "run-000001").mkdir()
     assert Path(os.environ["MOE_LAB_CACHE"]).is_relative_to(os.environ["LAB_TEST_ROOT"])
+
+
+def test_removes_a_temporary_tree_that_holds_a_var_folder(tmp_path, monkeypatch):
+    # rmtree walks by folder descriptors: its os.rmdir("var", dir_fd=...) is not ./var
+    guarded_var = Path(os.environ["LAB_TEST_GUARD_PATHS"].split(os.pathsep)[0])
+    monkeypatch.chdir(guarded_var.parent)  # as the suite runs in the checkout beside var/
+    (tmp_path / "stack" / "var" / "runs").mkdir(parents=True)
+    shutil.rmtree(tmp_path / "stack")
 """
 
 
@@ -114,7 +123,7 @@ def test_the_guard_fails_a_session_that_touches_the_lab_data(tmp_path, workers):
 def test_a_session_that_keeps_to_its_root_passes_and_cleans_up(tmp_path):
     done = _session(tmp_path, CLEAN)
     assert done.returncode == 0, done.stdout
-    assert "1 passed" in done.stdout
+    assert "2 passed" in done.stdout
     assert "lab's own data" not in done.stdout
     header = next(line for line in done.stdout.splitlines() if line.startswith("lab data:"))
     root = Path(header.split("tests under ", 1)[1].split(";", 1)[0])

@@ -23,7 +23,7 @@ from dashboard.charts.stability import RunStats
 from dashboard.charts.survival import RunOutcome
 from dashboard.review.models import BaselinePin, Verdict
 from lab.experiments.models import Experiment
-from lab.runs.metrics.read import RunSeries, last_metric_steps, metric_series_many
+from lab.runs.metrics.read import RunSeries, metric_series_many, metric_step_ranges
 from lab.runs.models import Run
 from trainer import metric_keys as mk
 from trainer.analysis.run_record import GAP_STEPS, RunRecord, mean_gap
@@ -142,24 +142,32 @@ def collapse_marker(run: Run) -> CollapseMarker | None:
     return None
 
 
-def run_outcome(run: Run, last_step: int | None) -> RunOutcome | None:
-    """Collapse step, or censoring at the steps run: the last stored step + 1 (docs/design.md,
-    section 3.6). None for a run with nothing to say yet (no summary and no stored step)."""
+def steps_run(first_step: int, last_step: int) -> int:
+    """How many steps a run ran, from its stored step range (docs/design.md, section
+    3.6): the lab counts steps from 0, so a run that stored 0 .. N - 1 ran N; TRL, verl
+    and most trackers count from 1, so a run whose steps start above 0 ran its last."""
+    return last_step + 1 if first_step <= 0 else last_step
+
+
+def run_outcome(run: Run, step_range: tuple[int, int] | None) -> RunOutcome | None:
+    """Collapse step, or censoring at the steps run (``steps_run`` of the stored
+    (first, last) step range, else summary.json's ``steps``). None for a run with nothing
+    to say yet (no summary and no stored step)."""
     summary = dict(run.summary or {})
     if summary.get("collapsed") and summary.get("collapse_step") is not None:
         return RunOutcome(
             variant_of(run), int(summary["collapse_step"]), True, run.seed, run_label(run)
         )
-    end = last_step + 1 if last_step is not None else summary.get("steps")
+    end = steps_run(*step_range) if step_range is not None else summary.get("steps")
     if end is None:
         return None
     return RunOutcome(variant_of(run), int(end), False, run.seed, run_label(run))
 
 
 def outcomes_for(runs: Sequence[Run]) -> list[RunOutcome]:
-    """Outcomes of runs that have one (one query for the last steps)."""
-    last = last_metric_steps([r.pk for r in runs])
-    return [o for r in runs if (o := run_outcome(r, last.get(r.pk))) is not None]
+    """Outcomes of runs that have one (one query for the step ranges)."""
+    spans = metric_step_ranges([r.pk for r in runs])
+    return [o for r in runs if (o := run_outcome(r, spans.get(r.pk))) is not None]
 
 
 def run_records(runs: Sequence[Run]) -> list[RunRecord]:
@@ -207,8 +215,8 @@ def stability_stats(runs: Sequence[Run]) -> StabilityInput:
     stats, skipped = [], []
     for run in runs:
         entry = data[run.pk]
-        last_step = int(entry.steps[-1]) if entry.steps.size else None
-        outcome = run_outcome(run, last_step)
+        step_range = (int(entry.steps[0]), int(entry.steps[-1])) if entry.steps.size else None
+        outcome = run_outcome(run, step_range)
         if outcome is None:
             skipped.append(run)
             continue

@@ -75,3 +75,26 @@ def test_a_bad_switch_value_is_a_400_naming_it(alice, variant_with_a_cancelled_s
     ids, _ = variant_with_a_cancelled_seed
     response = alice.get("/stability/table", {"runs": ids, "stopped": "maybe"})
     assert response.status_code == 400 and "stopped" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "ran"),
+    [(0, 99, 100), (1, 4, 4), (10, 200, 200), (0, 0, 1)],
+)
+def test_steps_run_counts_from_the_first_stored_step(first, last, ran):
+    from dashboard.review.queries import steps_run
+
+    # the lab stores steps 0 .. N - 1; TRL logs global_step 1 .. N; a tracker that
+    # logs every 10th step from 10 ran its last logged step
+    assert steps_run(first, last) == ran
+
+
+def test_a_run_whose_steps_count_from_one_is_censored_at_its_last_step(alice, make_run):
+    run = make_run(
+        variant="trl",
+        seed=0,
+        records=[{"step": s, "mismatch/kl_k3": 1e-3} for s in range(1, 5)],  # steps 1-4
+        summary={"collapsed": False},
+    )
+    row = alice.get("/stability/table", {"runs": str(run.pk)}).json()["rows"][0]
+    assert row["collapse_step"] == ">= 4" and row["collapse_step_is_lower_bound"] is True

@@ -358,11 +358,14 @@ def test_router_metrics_arrive_as_the_lab_expert_vectors_and_chart(lab, trained,
 
 
 def _outcome(lab, run_id: int) -> tuple[bool, int]:
-    """(collapsed, the step the review reads: the collapse step, else the last stored one)."""
+    """(collapsed, the step the review reads: the collapse step, else the steps the run
+    ran: its last stored step + 1 when it counts from 0, as the lab does, its last
+    stored step when it counts from 1, as TRL does)."""
     summary = lab.run(run_id)["summary"]
     if summary["collapsed"]:
         return True, summary["collapse_step"]
-    return False, _series(lab, run_id, [mk.REWARD_MEAN])["steps"][-1]
+    steps = _series(lab, run_id, [mk.REWARD_MEAN])["steps"]
+    return False, steps[-1] + 1 if steps[0] == 0 else steps[-1]
 
 
 def test_the_stability_review_holds_the_lab_run_and_the_trl_run(lab, trained, browser):

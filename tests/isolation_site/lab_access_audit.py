@@ -77,8 +77,25 @@ def _access(event: str, args: tuple) -> str:
     return event
 
 
+def _relative_to_a_folder_fd(event: str, args: tuple) -> bool:
+    """Whether the event's path is relative to an open folder, not to the working
+    directory: ``os.rmdir(name, dir_fd=fd)`` and the like, and the ``os.open(name,
+    dir_fd=fd)`` calls inside shutil (``rmtree`` walks a tree by descriptors; its own
+    ``shutil.rmtree`` event names the tree). Read against the working directory, a
+    temporary tree's ``var`` would look like the checkout's."""
+    path = args[0] if args else None
+    if not isinstance(path, (str, bytes)) or os.path.isabs(path):
+        return False
+    if event in CHANGING and len(args) >= 2 and isinstance(args[1], int) and args[1] >= 0:
+        return True
+    caller = sys._getframe(2)  # this function <- _hook <- the Python caller of the C call
+    return os.path.basename(caller.f_code.co_filename) == "shutil.py"
+
+
 def _hook(event: str, args: tuple) -> None:
     if event not in WATCHED or getattr(_local, "busy", False):
+        return
+    if _relative_to_a_folder_fd(event, args):
         return
     roots = _state["roots"]
     for arg in args:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from django.db import connection
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Min, QuerySet
 from tsdownsample import MinMaxDownsampler
 
 from lab.runs.metrics.columns import (
@@ -353,12 +353,12 @@ def _aggregated_rows(
         return cursor.fetchall()
 
 
-def last_metric_steps(run_ids: list[int]) -> dict[int, int]:
-    """The last stored step of each run that has any (one query)."""
+def metric_step_ranges(run_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """The first and last stored step of each run that has any (one query)."""
     rows = (
         MetricStep.objects.filter(run_id__in=list(run_ids))
         .values("run_id")
-        .annotate(last=Max("step"))
-        .values_list("run_id", "last")
+        .annotate(first=Min("step"), last=Max("step"))
+        .values_list("run_id", "first", "last")
     )
-    return dict(rows)
+    return {run_id: (first, last) for run_id, first, last in rows}
