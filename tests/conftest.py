@@ -10,6 +10,7 @@ review's imports (``LAB_WARM_IMPORTS=0``).
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ import pytest
 os.environ.setdefault("LAB_WARM_IMPORTS", "0")
 
 SLOW_TEST_S = 5.0
+TRAINER_LOG_LINES = 40  # of each trainer.log a failed lab-stack test shows
 _unmarked_slow: list[tuple[str, float]] = []
 
 
@@ -31,6 +33,23 @@ def pytest_configure(config):
 def pytest_runtest_logreport(report):
     if report.when == "call" and report.duration > SLOW_TEST_S and "slow" not in report.keywords:
         _unmarked_slow.append((report.nodeid, report.duration))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran a lab stack shows the end of its trainers' logs: a run
+    that failed on a worker says why only there (the report names the file, which a
+    CI machine does not keep)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or report.when == "teardown":
+        return
+    for value in getattr(item, "funcargs", {}).values():
+        if type(value).__name__ != "LabStack":
+            continue
+        for log in sorted(Path(value.root).rglob("trainer.log"))[:8]:
+            tail = log.read_text(errors="replace").splitlines()[-TRAINER_LOG_LINES:]
+            report.sections.append((f"end of {log}", "\n".join(tail)))
 
 
 def pytest_terminal_summary(terminalreporter):
