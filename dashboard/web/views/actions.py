@@ -7,9 +7,11 @@ are the platform's services (lab.runs.lifecycle, bulk, exports).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponseForbidden
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -25,19 +27,32 @@ RUN_PAGE = "dashboard:run"
 EXPERIMENT_PAGE = "dashboard:experiment"
 
 
-@login_required
-@require_POST
-def run_cancel(request, pk: int):
+def _lifecycle_action(
+    request: HttpRequest, pk: int, act: Callable[[Run], None], done: str
+) -> HttpResponse:
+    """Apply ``act(run)`` (a lifecycle service) for the run page's button: refused rights
+    are a 403, a run in the wrong state a message; ``done`` is said on success."""
     run = get_object_or_404(Run, pk=pk)
     try:
-        lifecycle.cancel_run(run, user=request.user)
+        act(run)
     except lifecycle.NotAllowed as exc:
         return HttpResponseForbidden(str(exc))
     except lifecycle.InvalidState as exc:
         messages.error(request, str(exc))
         return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Cancel requested for run {pk}.")
+    messages.info(request, done.format(run=run))
     return redirect(RUN_PAGE, pk)
+
+
+@login_required
+@require_POST
+def run_cancel(request, pk: int):
+    return _lifecycle_action(
+        request,
+        pk,
+        lambda run: lifecycle.cancel_run(run, user=request.user),
+        f"Cancel requested for run {pk}.",
+    )
 
 
 @login_required
@@ -93,17 +108,12 @@ def run_end(request, pk: int):
 @require_POST
 def run_requeue(request, pk: int):
     """Put a failed or cancelled run back in its queue (it resumes from its checkpoint)."""
-    run = get_object_or_404(Run, pk=pk)
-    try:
+
+    def requeue(run: Run) -> None:
         bulk.requeue_run(run, user=request.user)
-    except lifecycle.NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    except lifecycle.InvalidState as exc:
-        messages.error(request, str(exc))
-        return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Run {pk} is back in the queue {run.queue}.")
-    warn_if_unserved(request, run.queue)
-    return redirect(RUN_PAGE, pk)
+        warn_if_unserved(request, run.queue)
+
+    return _lifecycle_action(request, pk, requeue, f"Run {pk} is back in the queue {{run.queue}}.")
 
 
 def _selected_run_ids(request: HttpRequest) -> list[int]:

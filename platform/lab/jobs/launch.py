@@ -31,57 +31,25 @@ def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def worker_command(queues: list[str], name: str, loglevel: str = "INFO") -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "lab.site",
-        "worker",
-        "-Q",
-        ",".join(queues),
-        "-n",
-        name,
-        "--pool",
-        "solo",
-        "--concurrency",
-        "1",
-        "--prefetch-multiplier",
-        "1",
-        "--without-gossip",
-        "--without-mingle",
-        "-l",
-        loglevel,
-    ]
+    return _celery_worker(queues, name, loglevel)
 
 
 def reconciler_command(schedule_file: Path, name: str = "control@%h") -> list[str]:
     """Celery beat embedded in a small worker on the `control` queue: it schedules
     and runs jobs.tasks.reconcile every LAB_RECONCILE_EVERY_S seconds."""
+    return _celery_worker(["control"], name, "INFO", beat=["-B", "-s", str(schedule_file)])
+
+
+def _celery_worker(
+    queues: list[str], name: str, loglevel: str, beat: list[str] | None = None
+) -> list[str]:
+    """One solo-pool worker taking one message at a time (a run is long; the solo pool
+    is what cooperative cancel is built on), without gossip or mingle."""
     return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "lab.site",
-        "worker",
-        "-B",
-        "-s",
-        str(schedule_file),
-        "-Q",
-        "control",
-        "-n",
-        name,
-        "--pool",
-        "solo",
-        "--concurrency",
-        "1",
-        "--prefetch-multiplier",
-        "1",
-        "--without-gossip",
-        "--without-mingle",
-        "-l",
-        "INFO",
+        *(sys.executable, "-m", "celery", "-A", "lab.site", "worker", *(beat or [])),
+        *("-Q", ",".join(queues), "-n", name, "--pool", "solo", "--concurrency", "1"),
+        *("--prefetch-multiplier", "1", "--without-gossip", "--without-mingle"),
+        *("-l", loglevel),
     ]
 
 
