@@ -221,6 +221,36 @@ def test_dose_and_fixes_definitions():
     assert wanted <= {v.name for v in fixes.variants}
 
 
+@pytest.mark.slow
+def test_a_slice_reports_on_every_finished_run_of_the_whole_study(tmp_path):
+    """Slices run one after another (``--variants``) leave one report over the whole
+    study, not the last slice's alone."""
+    from trainer.studies.definition import select
+
+    whole = StudyDefinition.from_dict(
+        {
+            "name": "tiny-slices",
+            "base": {"preset": "moe-grpo", "set": TINY},
+            "seeds": [0],
+            "parallel": 1,
+            "variants": [
+                {"name": "moe", "set": []},
+                {"name": "moe-r3", "set": ['stabilizers.replay.mode="r3"']},
+            ],
+        }
+    )
+    first = run_study(select(whole, "moe", None), tmp_path, whole=whole)
+    assert first["variants"]["moe"]["row"]["collapsed"] == "0/1"
+    assert not (tmp_path / "moe-r3").exists()  # the slice ran only its own runs
+    second = run_study(select(whole, "moe-r3", None), tmp_path, whole=whole)
+    assert {v: r["row"]["collapsed"] for v, r in second["variants"].items()} == {
+        "moe": "0/1",
+        "moe-r3": "0/1",
+    }
+    table = (tmp_path / "table.md").read_text()
+    assert "| moe |" in table and "| moe-r3 |" in table
+
+
 def test_a_slice_of_a_study_by_variants_and_seeds():
     from trainer.studies.definition import select
 

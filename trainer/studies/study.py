@@ -92,12 +92,15 @@ def run_study(
     mps: str = "auto",
     dry: bool = False,
     device: str | None = None,
+    whole: StudyDefinition | None = None,
 ) -> dict[str, Any]:
     """Run the study's unfinished runs into ``out`` (module docstring). ``budget_s``:
     stop cleanly within that many seconds (trainer.studies.budget); ``bases_dir``:
     import bases from there (trainer.studies.bases); ``mps``: auto | on | off
     (trainer.devices.mps); ``dry``: print the plan only; ``device``: the device
-    kind the plan is for (default: this machine's)."""
+    kind the plan is for (default: this machine's). ``whole``: the definition
+    ``study`` is a slice of (``--variants``, ``--seeds``): the folder's results,
+    figures and analysis cover every finished run of it, not the slice's alone."""
     t_begin, started = time.perf_counter(), time.time()
     jobs, plan_jobs, bases = _jobs(study, out, extra)
     total = len(study.variants) * len(study.seeds)
@@ -154,12 +157,13 @@ def run_study(
                         flush=True,
                     )
         _append_sitting(out, sitting)
-    results = collect_results(study, out)
-    write_report(study, results, out)
-    if study.analysis in ("causal", "edge"):
+    reported = whole or study
+    results = collect_results(reported, out)
+    write_report(reported, results, out)
+    if reported.analysis in ("causal", "edge"):
         from trainer.analysis.causal_report import causal_report
 
-        causal_report(study, out)
+        causal_report(reported, out)
         print((out / "causal.md").read_text())
     return results
 
@@ -327,7 +331,8 @@ def run_study_cli(
     """``trainer study``: ``options`` are ``run_study``'s keywords (budget_s,
     bases_dir, mps, dry, device), and ``rows`` (a rows file to merge the folder's
     measured rows into, instead of running)."""
-    study = select(load_definition(ref), variants, seeds)
+    whole = load_definition(ref)
+    study = select(whole, variants, seeds)
     check_overrides(study, overrides)
     rows_file = options.pop("rows", None)
     if rows_file is not None:
@@ -341,5 +346,5 @@ def run_study_cli(
     budget_s = options.get("budget_s")
     if budget_s is not None and budget_s <= budget.REPORT_RESERVE_S:
         raise FieldError([("--budget-s", f"give more than {budget.REPORT_RESERVE_S:.0f} s")])
-    run_study(study, out, overrides, **options)
+    run_study(study, out, overrides, whole=whole, **options)
     return 0
