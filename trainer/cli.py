@@ -214,6 +214,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("out", metavar="OUT", help="a study folder (or one run folder)")
 
+    again = sub.add_parser(
+        "reproduce",
+        help="train a recorded run again and compare every logged value with its record",
+    )
+    again.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (config.json, metrics)")
+    again.add_argument("--out", required=True, help="a new folder for the rerun")
+    again.add_argument("--steps", type=int, help="compare the first N steps (default: all)")
+
     calibrate = sub.add_parser(
         "calibrate", help="router noise sigma -> routing gap, k3, SDI and expert balance per base"
     )
@@ -346,6 +354,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             done = sum(compact_run(p.parent) for p in sorted(Path(args.out).rglob(SUMMARY_FILE)))
             print(f"compacted {done} finished run folders under {args.out}")
             return 0
+        if args.command == "reproduce":
+            from trainer.studies.reproduce import describe, reproduce
+
+            comparison = reproduce(Path(args.run_dir), Path(args.out), args.steps)
+            print(describe(comparison))
+            return 0 if comparison.identical else 1
         if args.command == "calibrate":
             from trainer.studies.calibration import calibrate_study
             from trainer.studies.definition import load_definition

@@ -10,6 +10,12 @@ records ``environment_record()``, and the warm-start cache key carries
 ``cpu_key()`` so that a shared cache never hands one CPU's base to another.
 ``group_environments`` says which machines a study's runs ran on. Torch is
 imported only where the record is made, so study tables read records without it.
+
+The code is part of a run's identity too: a change to the rollout engine's
+reductions changes every later bit (docs/results.md, "Near the edge"), so the
+record also names the trainer's source (``code_record``: the git commit where
+there is one, and a hash of the trainer's Python files, which a checkout with
+local edits or a copy without git still has).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import re
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -111,8 +118,41 @@ def gpu_records() -> list[dict[str, str]]:
     return records
 
 
+TRAINER_ROOT = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=1)
+def code_record() -> dict[str, Any]:
+    """The trainer's source: ``commit`` (git HEAD of its checkout, None without git),
+    ``modified`` (the checkout's trainer/ differs from that commit) and ``sha256`` of
+    every trainer/**/*.py file, path and bytes, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(TRAINER_ROOT.rglob("*.py")):
+        digest.update(path.relative_to(TRAINER_ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    commit = modified = None
+    try:
+        git = ["git", "-C", str(TRAINER_ROOT)]
+        head = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            status = subprocess.run(
+                [*git, "status", "--porcelain", "--", "."],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            modified = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # no git on this machine: the hash still names the code
+    return {"commit": commit, "modified": modified, "sha256": digest.hexdigest()}
+
+
 def environment_record() -> dict[str, Any]:
-    """What summary.json and a study's results say about the machine (JSON-ready)."""
+    """What summary.json and a study's results say about the machine and the code
+    (JSON-ready)."""
     import torch
 
     return {
@@ -123,6 +163,7 @@ def environment_record() -> dict[str, Any]:
         "gpus": gpu_records(),
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
+        "code": code_record(),
     }
 
 
