@@ -47,7 +47,7 @@ def pytest_runtest_makereport(item, call):
     for value in getattr(item, "funcargs", {}).values():
         if type(value).__name__ != "LabStack":
             continue
-        for log in sorted(Path(value.root).rglob("trainer.log"))[:8]:
+        for log in sorted(Path(value.env["LAB_RUNS_DIR"]).rglob("trainer.log"))[:8]:
             tail = log.read_text(errors="replace").splitlines()[-TRAINER_LOG_LINES:]
             report.sections.append((f"end of {log}", "\n".join(tail)))
 

@@ -118,6 +118,13 @@ def pytest_load_initial_conftests(early_config, parser, args):
         ]
         _session["before"] = data_guard.snapshot(_session["guarded"])
         _look_for_neighbours()
+    else:
+        # Each xdist worker its own var/ and run folders for what outlives one test
+        # (module- and session-scoped fixtures, set up before a test's own folders):
+        # two workers' stacks would otherwise both write run-000001 (SQLite ids restart).
+        worker = Path(os.environ[ROOT_ENV]) / "workers" / os.environ["PYTEST_XDIST_WORKER"]
+        os.environ["LAB_VAR_DIR"] = str(worker / "var")
+        os.environ["LAB_RUNS_DIR"] = str(worker / "var" / "runs")
     lab_access_audit.install()
     return (yield)
 

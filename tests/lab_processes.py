@@ -92,6 +92,8 @@ class LabStack:
         self.pg_db = None
         env = {
             "LAB_VAR_DIR": str(root / "var"),
+            # its own run folders: another stack's run ids start at 1 too
+            "LAB_RUNS_DIR": str(root / "var" / "runs"),
             "LAB_QUEUES": self.queue,
             "LAB_DEFAULT_QUEUE": self.queue,
             "LAB_HEARTBEAT_S": "0.5",
