@@ -41,6 +41,7 @@ urlpatterns = [
     path("runs/<int:run_id>/", run_pages.run_detail, name="run"),
     path("runs/<int:pk>/cancel", actions.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/delete", actions.run_delete, name="run_delete"),
+    path("runs/<int:pk>/restore", actions.run_restore, name="run_restore"),
     path("runs/<int:pk>/requeue", actions.run_requeue, name="run_requeue"),
     path("runs/<int:pk>/end", actions.run_end, name="run_end"),
     path("runs/<int:pk>/export", actions.run_export, name="run_export"),

@@ -189,5 +189,21 @@ def run_delete(request, pk: int):
     except lifecycle.InvalidState as exc:
         messages.error(request, str(exc))
         return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Run {pk} deleted.")
+    messages.info(request, f"Run {pk} deleted; the experiment page's deleted runs can restore it.")
     return redirect(EXPERIMENT_PAGE, experiment_id)
+
+
+@login_required
+@require_POST
+def run_restore(request, pk: int):
+    """Put a deleted run back (lifecycle.restore_run) and open its page."""
+    run = get_object_or_404(Run.all_objects, pk=pk)
+    try:
+        lifecycle.restore_run(run, user=request.user)
+    except lifecycle.NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
+    except lifecycle.InvalidState as exc:
+        messages.error(request, str(exc))
+        return redirect(EXPERIMENT_PAGE, run.experiment_id)
+    messages.info(request, f"Run {pk} restored.")
+    return redirect(RUN_PAGE, pk)

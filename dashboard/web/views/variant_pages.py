@@ -49,7 +49,10 @@ def _variant_page(
     chart_name: str,
     chart_arg: int,
     scope: dict[str, int],
+    deleted_runs: list[dict] | None = None,
 ) -> HttpResponse:
+    """``deleted_runs``: the experiment page's soft-deleted runs, each with whether the
+    viewer may restore it (a sweep page lists none)."""
     band = parse(VariantPageQuery, request).band
     moe = any(is_moe(r.config) for r in runs)
     keys = experiment_keys(moe)
@@ -74,6 +77,7 @@ def _variant_page(
             "experiment": experiment,
             "sweep": sweep,
             "sweeps": list(experiment.sweeps.all()) if sweep is None else [],
+            "deleted_runs": deleted_runs or [],
             "rows": _verdict_rows(runs),
             # seeds: the runs that count as seeds of their variant (dashboard/review/seeds.py),
             # as on the stability review; cancelled and failed runs are counted apart
@@ -136,6 +140,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
             messages.error(request, "; ".join(m for _, m in exc.errors))
         return redirect(reverse("dashboard:experiment", args=[experiment.pk]) + "#comments")
     runs = list(experiment.runs.select_related("owner").order_by("pk"))
+    deleted = Run.all_objects.filter(experiment=experiment, deleted_at__isnull=False)
     return _variant_page(
         request,
         experiment=experiment,
@@ -144,6 +149,10 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         chart_name="experiment_chart",
         chart_arg=experiment.pk,
         scope={"experiment": experiment.pk},
+        deleted_runs=[
+            {"run": run, "can_restore": run.can_manage(request.user)}
+            for run in deleted.select_related("owner").order_by("-deleted_at", "-pk")
+        ],
     )
 
 

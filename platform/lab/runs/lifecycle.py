@@ -300,12 +300,36 @@ def mark_lost_external_runs(after_s: float) -> list[int]:
     return marked
 
 
-@transaction.atomic
 def delete_run(run: Run, *, user) -> None:
-    """Delete a run that is not training (its metrics and comments go with it)."""
+    """Delete a run that is not training. Soft, as MLflow's DeleteRun: the run leaves
+    every page, list and review (``Run.deleted_at``; the default manager hides it)
+    while its metrics, comments and folder stay, so ``restore_run`` puts it back. A
+    waiting run is cancelled as it goes, so no worker starts it."""
     if not run.can_manage(user):
         raise NotAllowed("only the run's owner or staff can delete it")
-    locked = Run.objects.select_for_update().get(pk=run.pk)
-    if locked.status == RunStatus.RUNNING:
-        raise InvalidState("cancel the run and wait for it to stop before deleting it")
-    locked.delete()
+    now = timezone.now()
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status == RunStatus.RUNNING:
+            raise InvalidState("cancel the run and wait for it to stop before deleting it")
+        fields: dict[str, Any] = {"deleted_at": now}
+        waiting = locked.status == RunStatus.QUEUED
+        if waiting:
+            fields |= {"status": RunStatus.CANCELLED, "cancel_requested": True, "finished_at": now}
+        Run.objects.filter(pk=locked.pk).update(**fields)
+    if waiting:
+        seal_metrics(run.pk)
+
+
+@transaction.atomic
+def restore_run(run: Run, *, user) -> None:
+    """Put a deleted run back where it was (the run's owner or staff); refused while
+    its experiment is deleted (restore the experiment first)."""
+    if not run.can_manage(user):
+        raise NotAllowed("only the run's owner or staff can restore it")
+    locked = Run.all_objects.select_for_update().select_related("experiment").get(pk=run.pk)
+    if locked.deleted_at is None:
+        raise InvalidState(f"run {run.pk} is not deleted")
+    if locked.experiment.deleted_at is not None:
+        raise InvalidState(f"run {run.pk}'s experiment is deleted: restore the experiment first")
+    Run.all_objects.filter(pk=locked.pk).update(deleted_at=None)
