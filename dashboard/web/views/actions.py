@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Manager
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -27,21 +28,38 @@ RUN_PAGE = "dashboard:run"
 EXPERIMENT_PAGE = "dashboard:experiment"
 
 
+def _run_page(run: Run) -> HttpResponse:
+    return redirect(RUN_PAGE, run.pk)
+
+
+def _experiment_page(run: Run) -> HttpResponse:
+    return redirect(EXPERIMENT_PAGE, run.experiment_id)
+
+
 def _lifecycle_action(
-    request: HttpRequest, pk: int, act: Callable[[Run], None], done: str
+    request: HttpRequest,
+    pk: int,
+    act: Callable[[Run], None],
+    done: str,
+    *,
+    runs: Manager | None = None,
+    after: Callable[[Run], HttpResponse] = _run_page,
+    on_refusal: Callable[[Run], HttpResponse] = _run_page,
 ) -> HttpResponse:
-    """Apply ``act(run)`` (a lifecycle service) for the run page's button: refused rights
-    are a 403, a run in the wrong state a message; ``done`` is said on success."""
-    run = get_object_or_404(Run, pk=pk)
+    """Apply ``act(run)`` (a lifecycle service) for a run page's button: refused rights
+    are a 403, a run in the wrong state a message on ``on_refusal``'s page; ``done`` is
+    said on ``after``'s. ``runs``: where the run is looked up (deleted runs included
+    for a restore)."""
+    run = get_object_or_404(runs if runs is not None else Run.objects, pk=pk)
     try:
         act(run)
     except lifecycle.NotAllowed as exc:
         return HttpResponseForbidden(str(exc))
     except lifecycle.InvalidState as exc:
         messages.error(request, str(exc))
-        return redirect(RUN_PAGE, pk)
+        return on_refusal(run)
     messages.info(request, done.format(run=run))
-    return redirect(RUN_PAGE, pk)
+    return after(run)
 
 
 @login_required
@@ -180,30 +198,24 @@ def warn_if_unserved(request: HttpRequest, queue: str) -> None:
 @login_required
 @require_POST
 def run_delete(request, pk: int):
-    run = get_object_or_404(Run, pk=pk)
-    experiment_id = run.experiment_id
-    try:
-        lifecycle.delete_run(run, user=request.user)
-    except lifecycle.NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    except lifecycle.InvalidState as exc:
-        messages.error(request, str(exc))
-        return redirect(RUN_PAGE, pk)
-    messages.info(request, f"Run {pk} deleted; the experiment page's deleted runs can restore it.")
-    return redirect(EXPERIMENT_PAGE, experiment_id)
+    return _lifecycle_action(
+        request,
+        pk,
+        lambda run: lifecycle.delete_run(run, user=request.user),
+        f"Run {pk} deleted; the experiment page's deleted runs can restore it.",
+        after=_experiment_page,
+    )
 
 
 @login_required
 @require_POST
 def run_restore(request, pk: int):
     """Put a deleted run back (lifecycle.restore_run) and open its page."""
-    run = get_object_or_404(Run.all_objects, pk=pk)
-    try:
-        lifecycle.restore_run(run, user=request.user)
-    except lifecycle.NotAllowed as exc:
-        return HttpResponseForbidden(str(exc))
-    except lifecycle.InvalidState as exc:
-        messages.error(request, str(exc))
-        return redirect(EXPERIMENT_PAGE, run.experiment_id)
-    messages.info(request, f"Run {pk} restored.")
-    return redirect(RUN_PAGE, pk)
+    return _lifecycle_action(
+        request,
+        pk,
+        lambda run: lifecycle.restore_run(run, user=request.user),
+        f"Run {pk} restored.",
+        runs=Run.all_objects,
+        on_refusal=_experiment_page,
+    )
