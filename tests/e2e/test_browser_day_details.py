@@ -124,6 +124,27 @@ def test_a_queued_run_shows_waiting_cards_not_empty_axes(guard, lab):
     guard.assert_clean()
 
 
+def test_a_run_that_fails_on_its_config_offers_clone_and_fix_without_a_reload(guard, lab):
+    """The page of a queued run turns to the field errors and "Clone and fix" when
+    its worker fails it on its config, as the worker leaves it (status and errors)."""
+    run = lifecycle.submit_run(
+        owner=lab["user"], experiment=lab["experiment"], preset="moe-grpo", queue="cpu"
+    )
+    page = guard.new_page()
+    _log_in(page, lab["url"], f"/runs/{run.pk}/")
+    expect(page.locator('[data-action="clone-and-fix"]')).to_have_count(0)
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.FAILED,
+        error="the trainer refused its config",
+        field_errors={"rollout.max_new_tokens": ["too short for the answer format"]},
+    )
+    # the status poll (5 s) sees it and the page redraws its actions
+    expect(page.locator('[data-action="clone-and-fix"]')).to_be_visible(timeout=20_000)
+    expect(page.locator('[data-field="field-errors"]')).to_contain_text("rollout.max_new_tokens")
+    assert page.get_by_role("button", name="Requeue (resume from its checkpoint)").count() == 0
+    guard.assert_clean()
+
+
 def test_waiting_on_an_unserved_queue_and_cancelling_in_bulk(guard, lab):
     """Runs queued where no worker listens say so; the runs list cancels the
     ticked runs (after asking), the queue page cancels a whole sweep."""

@@ -184,6 +184,8 @@ def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
             "collapse_step": summary.get("collapse_step"),
             "collapse_reason": summary.get("collapse_reason"),
             "error": run.error,
+            # a run that failed on its config: the page reloads to offer "Clone and fix"
+            "failed_on_config": run.failed_on_config,
             "log_tail": q.log_tail(run),
         }
     )

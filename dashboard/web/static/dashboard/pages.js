@@ -10,7 +10,8 @@
  *   queue position, worker, attempt, ETA; collapse, log: the page header and
  *   the dashboard section alike) as text, never as
  *   HTML; [data-show-when="active"|"finished"] elements (cancel / delete) are
- *   shown or hidden as the run is active or not.
+ *   shown or hidden as the run is active or not; a run that ends failed on its
+ *   config reloads the page once, for its field errors and "Clone and fix".
  */
 (function (root) {
   "use strict";
@@ -99,6 +100,12 @@
             "Collapsed at step " + s.collapse_step + ": " + (s.collapse_reason || "reason not recorded");
         }
         if (s.log_tail !== null && s.log_tail !== undefined) setText("log", s.log_tail);
+        if (running && !s.running && s.failed_on_config) {
+          // The field errors and "Clone and fix" (instead of Requeue) are drawn by the
+          // server: show them now, once, rather than at the next visit.
+          root.location.reload();
+          return;
+        }
         running = Boolean(s.running);
         section.dataset.running = running ? "true" : "false";
       } catch (err) {
