@@ -41,6 +41,7 @@ from trainer import metric_keys as K
 from trainer.analysis.collapse import CollapseDetector
 from trainer.analysis.run_record import GAP_STEPS
 from trainer.config import ExperimentConfig
+from trainer.devices.environment import code_record
 from trainer.devices.run_mode import numerics_mode, phase_clock
 from trainer.distributed import (
     SINGLE,
@@ -127,6 +128,9 @@ def train(
     renewing it, leaving no checkpoint and no summary behind.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The code this process runs is what it imported: hash it now, not when the summary
+    # is written hours later (the checkout may have moved on; code_record is cached).
+    code_record()
     # torchrun's ranks join one process group; without torchrun this is SINGLE.
     dist = init_distributed(
         cfg.run.world_size,

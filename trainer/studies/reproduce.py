@@ -123,8 +123,8 @@ def reproduce(run_dir: Path, out: Path, steps: int | None = None) -> Comparison:
     recorded = read_metrics(run_dir)
     if not recorded:
         raise FieldError([("run_dir", f"{run_dir} has no metrics to compare with")])
-    if out.exists() and any(out.iterdir()):
-        raise FieldError([("--out", f"{out} is not empty: give a new folder")])
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FieldError([("--out", f"{out} is not an empty folder: give a new one")])
     if out.resolve() == run_dir.resolve():
         raise FieldError([("--out", "give a folder other than the recorded run's")])
     if steps is not None and steps < 1:
