@@ -266,11 +266,8 @@ def cancel_run(run: Run, *, user) -> Run:
         raise NotAllowed("only the run's owner or staff can cancel it")
     if run.is_external:  # its trainer runs elsewhere and polls no flag of ours
         raise InvalidState("an external run is trained elsewhere; the lab cannot cancel it")
-    now = timezone.now()
     with transaction.atomic():
-        cancelled = Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
-            status=RunStatus.CANCELLED, cancel_requested=True, finished_at=now
-        )
+        cancelled = _cancel_if_waiting(run.pk)
         if not cancelled:
             Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(cancel_requested=True)
     if cancelled:  # a requeued run keeps its earlier attempts' metrics
@@ -312,13 +309,20 @@ def delete_run(run: Run, *, user) -> None:
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status == RunStatus.RUNNING:
             raise InvalidState("cancel the run and wait for it to stop before deleting it")
-        fields: dict[str, Any] = {"deleted_at": now}
-        waiting = locked.status == RunStatus.QUEUED
-        if waiting:
-            fields |= {"status": RunStatus.CANCELLED, "cancel_requested": True, "finished_at": now}
-        Run.objects.filter(pk=locked.pk).update(**fields)
+        waiting = _cancel_if_waiting(locked.pk)
+        Run.objects.filter(pk=locked.pk).update(deleted_at=now)
     if waiting:
         seal_metrics(run.pk)
+
+
+def _cancel_if_waiting(run_pk: int) -> bool:
+    """Cancel the run if it is still queued (a conditional update: a worker that claims
+    it first wins); whether it was."""
+    return bool(
+        Run.objects.filter(pk=run_pk, status=RunStatus.QUEUED).update(
+            status=RunStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now()
+        )
+    )
 
 
 @transaction.atomic
