@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from browser_harness import TRACE_DRAWN_JS, ceiling_s, chart_points, wait_all_charts_drawn
 from django.contrib.auth import get_user_model
-from django.db import OperationalError
+from live_db import update_while_polled
 from playwright.sync_api import Page, expect
 
 from dashboard.review import services as review
@@ -218,22 +217,6 @@ def test_held_out_accuracy_logged_every_ten_steps_is_drawn(study, guard):
     assert held_out.evaluate(TRACE_DRAWN_JS), "the held-out accuracy chart is empty"
 
 
-def _update_while_polled(run_id: int, **fields) -> None:
-    """Write a run the open page is polling. The live server's in-memory SQLite
-    shares its cache between threads, where a write that meets a read answers
-    "database table is locked" at once instead of waiting: retry until the write
-    lands (the page's poll is short; the ceiling only catches a lock never freed)."""
-    deadline = time.monotonic() + ceiling_s(30)
-    while True:
-        try:
-            Run.objects.filter(pk=run_id).update(**fields)
-            return
-        except OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
 def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     study, guard, monkeypatch
 ):
@@ -252,7 +235,7 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     _log_in(page)
     placement = page.locator(".card [data-field=placement]")
     expect(placement).to_contain_text(f"position 1 in {run.queue}")
-    _update_while_polled(
+    update_while_polled(
         run.pk, status=RunStatus.RUNNING, current_step=20, worker_host="w1", attempts=1
     )
     header = page.locator("h1 [data-field=status]")
@@ -263,11 +246,11 @@ def test_run_page_header_follows_the_run_live_and_hides_cancel_when_finished(
     expect(page.get_by_role("button", name="Delete run")).to_be_hidden()
     page.evaluate("window.__sameDocument = true")
 
-    _update_while_polled(run.pk, current_step=150)
+    update_while_polled(run.pk, current_step=150)
     expect(page.locator(".card [data-field=steps]")).to_have_text(f"150/{STEPS}")
     expect(page.locator(".card [data-field=progress]")).to_have_attribute("value", "150")
 
-    _update_while_polled(run.pk, status=RunStatus.SUCCEEDED, current_step=STEPS)
+    update_while_polled(run.pk, status=RunStatus.SUCCEEDED, current_step=STEPS)
     expect(header).to_have_text("succeeded")
     expect(header).to_have_class(re.compile(r"\bsucceeded\b"))
     expect(page.locator(".card [data-field=steps]")).to_have_text(f"{STEPS}/{STEPS}")

@@ -15,6 +15,7 @@ import re
 import pytest
 from browser_harness import ceiling_s, wait_all_charts_drawn
 from django.contrib.auth import get_user_model
+from live_db import update_while_polled
 from playwright.sync_api import Page, expect
 
 from lab.experiments.services import create_experiment
@@ -133,7 +134,8 @@ def test_a_run_that_fails_on_its_config_offers_clone_and_fix_without_a_reload(gu
     page = guard.new_page()
     _log_in(page, lab["url"], f"/runs/{run.pk}/")
     expect(page.locator('[data-action="clone-and-fix"]')).to_have_count(0)
-    Run.objects.filter(pk=run.pk).update(
+    update_while_polled(
+        run.pk,
         status=RunStatus.FAILED,
         error="the trainer refused its config",
         field_errors={"rollout.max_new_tokens": ["too short for the answer format"]},
