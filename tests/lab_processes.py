@@ -7,11 +7,13 @@ tests); a plain module on the test path (pyproject's pythonpath lists
 
 from __future__ import annotations
 
+import contextlib
 import json as _json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +46,13 @@ def submit_tiny_run(owner, experiment, overrides: dict | None = None, **kw):
     )  # fmt: skip
 
 
+# A test whose answer does not depend on the broker (the database decides: health
+# rows, cancel flags, leases, the trainer's exit) runs on the embedded filesystem
+# broker only; one about delivery (redelivery of a lost or unacknowledged message,
+# a run given back, ordering) runs on both (the ``lab_stack`` fixture's default).
+ONE_BROKER = pytest.mark.parametrize("lab_stack", ["filesystem"], indirect=True)
+
+
 REDIS_URL = os.environ.get("LAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 PG_ADMIN_URL = os.environ.get("LAB_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
@@ -74,6 +83,48 @@ def redis_ok() -> bool:
         return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=1).ping())
     except Exception:
         return False
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run(
+        launch.manage_command(*args), env=env, cwd=launch.ROOT,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+# This test process's migrated SQLite database with the user e2e, and its token.
+_template: tuple[Path, str] | None = None
+
+
+def _sqlite_template(env: dict[str, str]) -> tuple[Path, str]:
+    """A migrated SQLite database holding the user ``e2e``, made once per test process
+    and copied into every SQLite stack it starts: ``migrate`` and ``lab_user`` are two
+    Django processes, about 7 CPU seconds, and a suite starts dozens of stacks. (A
+    PostgreSQL stack migrates its own fresh database.)"""
+    global _template
+    if _template is None:
+        folder = Path(os.environ.get("LAB_TEST_ROOT") or tempfile.mkdtemp()) / "stack-template"
+        folder = folder / str(os.getpid())
+        folder.mkdir(parents=True, exist_ok=True)
+        db = folder / "db.sqlite3"
+        own = {**env, "DATABASE_URL": f"sqlite:///{db}", "LAB_VAR_DIR": str(folder / "var"),
+               "LAB_RUNS_DIR": str(folder / "var" / "runs")}  # fmt: skip
+        _manage(own, "migrate", "-v0")
+        _template = (db, LabStack._new_user(own))
+    return _template
+
+
+def _copy_sqlite(source: Path, dest: Path) -> None:
+    """A consistent copy of a SQLite database (its WAL included), by SQLite's backup."""
+    import sqlite3
+
+    with (
+        contextlib.closing(sqlite3.connect(source)) as src,
+        contextlib.closing(sqlite3.connect(dest)) as dst,
+    ):
+        src.backup(dst)
 
 
 class LabStack:
@@ -118,12 +169,21 @@ class LabStack:
             env["CELERY_BROKER_URL"] = "filesystem://"
         self.env = launch.process_env(env)
         (root / "var").mkdir(parents=True, exist_ok=True)
-        self.manage("migrate", "-v0")
-        out = self.manage("lab_user", "--username", "e2e", "--password", "pw", "--token-only")
-        self.token = out.strip().splitlines()[-1]
+        if self.pg_db:
+            self.manage("migrate", "-v0")
+            self.token = self._new_user(self.env)
+        else:
+            template, self.token = _sqlite_template(self.env)
+            _copy_sqlite(template, root / "var" / "db.sqlite3")
         self.port = _free_port()
         self.start("web", launch.web_command("127.0.0.1", self.port))
         self.wait_for(lambda: self._up(), 60, "web server")
+
+    @staticmethod
+    def _new_user(env: dict[str, str]) -> str:
+        """Create the stack's user ``e2e`` (password ``pw``); returns its API token."""
+        out = _manage(env, "lab_user", "--username", "e2e", "--password", "pw", "--token-only")
+        return out.strip().splitlines()[-1]
 
     @staticmethod
     def _pg(sql: str) -> None:
@@ -135,12 +195,7 @@ class LabStack:
             c.execute(sql)
 
     def manage(self, *args: str) -> str:
-        out = subprocess.run(
-            launch.manage_command(*args), env=self.env, cwd=launch.ROOT,
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout
+        return _manage(self.env, *args)
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed by the process's end
@@ -254,15 +309,21 @@ class LabStack:
         )  # fmt: skip
 
     def close(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs.pop(name)
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=20)
-                except (subprocess.TimeoutExpired, ProcessLookupError):
-                    with __import__("contextlib").suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        """Stop every process of the stack: SIGTERM to each process group at once, then
+        SIGKILL to any still there after 20 s (stopping them one after another made
+        each stack's teardown the sum of its processes' shutdowns)."""
+        procs = [p for p in self.procs.values() if p.poll() is None]
+        self.procs.clear()
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         if self.pg_db:
             self._pg(f'DROP DATABASE IF EXISTS "{self.pg_db}" WITH (FORCE)')

@@ -9,11 +9,12 @@ leases, the claims, the trainer's environment), not CUDA memory.
 from __future__ import annotations
 
 import pytest
-from lab_processes import TINY_OVERRIDES
+from lab_processes import ONE_BROKER, TINY_OVERRIDES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+@ONE_BROKER
 def test_two_slot_workers_share_a_gpu_and_train_at_once(lab_stack, tmp_path):
     lab_stack.env.update(
         {

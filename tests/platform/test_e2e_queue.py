@@ -1,6 +1,7 @@
 """End to end with real processes: web server, Celery workers and the real
-trainer CLI, on Redis and on the embedded filesystem broker (each test runs
-on both, see the ``lab_stack`` fixture)."""
+trainer CLI, on Redis and on the embedded filesystem broker. A test about
+delivery runs on both (the ``lab_stack`` fixture); one the database decides
+runs on the filesystem broker only (``ONE_BROKER``, tests/lab_processes.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_processes import REDIS_URL, TINY_OVERRIDES
+from lab_processes import ONE_BROKER, REDIS_URL, TINY_OVERRIDES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -35,6 +36,7 @@ def _steps(stack, run_id: int) -> list[int]:
     return body["steps"]
 
 
+@ONE_BROKER
 def test_worker_registers_its_queue_in_health(lab_stack):
     lab_stack.start_worker("w1")
     health = lab_stack.wait_for(
@@ -48,6 +50,7 @@ def test_worker_registers_its_queue_in_health(lab_stack):
     assert health["workers"][0]["hostname"] == "w1@e2e"
 
 
+@ONE_BROKER
 def test_cancelled_queued_run_is_skipped_by_the_worker(lab_stack):
     run = _submit(lab_stack)
     cancelled = lab_stack.post(f"/api/runs/{run['id']}/cancel")
@@ -73,6 +76,7 @@ def test_submit_train_and_store_results(lab_stack):
     assert Path(done["run_dir"], "summary.json").exists()
 
 
+@ONE_BROKER
 def test_cancel_a_running_run(lab_stack):
     lab_stack.start_worker("w1")
     run = _submit(lab_stack, **{"run.steps": 500})
@@ -104,6 +108,7 @@ def test_killed_worker_is_recovered_and_every_step_is_stored_once(lab_stack):
     time.sleep(0.1)
 
 
+@ONE_BROKER
 def test_trainer_rejecting_its_config_fails_the_run_with_the_reason(lab_stack):
     """A config the trainer refuses (here: edited in the DB behind the API's back)
     ends as failed with the trainer's field-path message, and the worker lives on."""
@@ -140,6 +145,7 @@ def test_worker_shutdown_gives_the_run_back_and_it_resumes(lab_stack):
     assert steps == sorted(set(steps)) and len(steps) == total
 
 
+@ONE_BROKER
 def test_a_warm_start_interrupted_by_a_worker_shutdown_resumes_where_it_stopped(
     lab_stack, tmp_path
 ):
@@ -260,6 +266,7 @@ def _assert_file_and_database_agree(stack, run: dict, total: int) -> None:
 
 
 @pytest.mark.timeout(900)  # 60 steps and a hand-over: minutes when the CPU is shared
+@ONE_BROKER
 def test_frozen_worker_its_trainer_stops_before_the_run_moves_on(lab_stack):
     """SIGSTOP the worker alone: its trainer stops on the expired lease before the
     reconciler hands the run on; the next attempt resumes in the same folder."""
@@ -295,6 +302,7 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+@ONE_BROKER
 def test_frozen_worker_and_trainer_never_share_the_folder_with_the_next_attempt(lab_stack):
     """SIGSTOP the worker and its trainer: the next attempt waits for the folder
     lock; thawed, the old trainer finds its lease expired and exits without
@@ -322,6 +330,7 @@ def test_frozen_worker_and_trainer_never_share_the_folder_with_the_next_attempt(
     _assert_file_and_database_agree(lab_stack, lab_stack.run(run["id"]), total)
 
 
+@ONE_BROKER
 def test_cancel_during_the_warm_start_stops_within_seconds(lab_stack):
     lab_stack.start_worker("w1")
     run = _submit(
