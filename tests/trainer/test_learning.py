@@ -11,7 +11,8 @@ still.
 The base is this config's warm start (warm_start.seed 0, two threads: held-out
 0.22 after 2,500 SFT steps, about 12 minutes), kept in data/learning_base.pt as
 fp16 (3.4 MB) so that the test pays for 20 RL steps (about 15 s), not for the
-SFT before them, which was 95% of its time. It is installed in the test's
+SFT before them, which was 95% of its time; the RL runs on one thread, as a test
+beside another test process should. It is installed in the test's
 warm-start cache under this machine's key: the base may have been trained on
 another CPU, which is no matter for a test that measures its own starting
 accuracy (0.19 for the fp16 copy, on 256 problems; 20 steps took it to 0.25
@@ -45,7 +46,7 @@ def _config() -> ExperimentConfig:
     return validate_config(
         apply_overrides(
             preset_dict(base["preset"]),
-            [*base["set"], "run.steps=20", "run.eval_every=10", "run.threads=2"],
+            [*base["set"], "run.steps=20", "run.eval_every=10", "run.threads=1"],
         )
     )
 
