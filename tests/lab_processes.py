@@ -94,6 +94,12 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return out.stdout
 
 
+def _new_user(env: dict[str, str]) -> str:
+    """Create the stack's user ``e2e`` (password ``pw``); returns its API token."""
+    out = _manage(env, "lab_user", "--username", "e2e", "--password", "pw", "--token-only")
+    return out.strip().splitlines()[-1]
+
+
 # This test process's migrated SQLite database with the user e2e, and its token.
 _template: tuple[Path, str] | None = None
 
@@ -112,7 +118,7 @@ def _sqlite_template(env: dict[str, str]) -> tuple[Path, str]:
         own = {**env, "DATABASE_URL": f"sqlite:///{db}", "LAB_VAR_DIR": str(folder / "var"),
                "LAB_RUNS_DIR": str(folder / "var" / "runs")}  # fmt: skip
         _manage(own, "migrate", "-v0")
-        _template = (db, LabStack._new_user(own))
+        _template = (db, _new_user(own))
     return _template
 
 
@@ -179,19 +185,13 @@ class LabStack:
         (root / "var").mkdir(parents=True, exist_ok=True)
         if self.pg_db:
             self.manage("migrate", "-v0")
-            self.token = self._new_user(self.env)
+            self.token = _new_user(self.env)
         else:
             template, self.token = _sqlite_template(self.env)
             _copy_sqlite(template, root / "var" / "db.sqlite3")
         self.port = _free_port()
         self.start("web", launch.web_command("127.0.0.1", self.port))
         self.wait_for(lambda: self._up(), 60, "web server")
-
-    @staticmethod
-    def _new_user(env: dict[str, str]) -> str:
-        """Create the stack's user ``e2e`` (password ``pw``); returns its API token."""
-        out = _manage(env, "lab_user", "--username", "e2e", "--password", "pw", "--token-only")
-        return out.strip().splitlines()[-1]
 
     @staticmethod
     def _pg(sql: str) -> None:

@@ -39,6 +39,9 @@ from trainer.validation import validate_config
 
 STUDY = Path(__file__).resolve().parents[2] / "trainer" / "studies" / "causal.json"
 BASE = Path(__file__).parent / "data" / "learning_base.pt"
+# The base's SFT ran on two threads (a one-thread base of the same seed learned
+# more slowly in this regime); the test's RL runs on one.
+BASE_THREADS = 2
 
 
 def _config() -> ExperimentConfig:
@@ -51,28 +54,29 @@ def _config() -> ExperimentConfig:
     )
 
 
+def _vocab(cfg: ExperimentConfig) -> int:
+    from trainer.tasks import make_task
+
+    return cfg.model.vocab_size or make_task(cfg.task).tokenizer.vocab_size
+
+
 def _base_key(cfg: ExperimentConfig) -> str:
     """The warm-start cache key this config's base has on this machine."""
     from trainer.run.warmstart import warm_start_key
-    from trainer.tasks import make_task
 
     torch.set_num_threads(cfg.run.threads)  # the key names the thread count
-    task = make_task(cfg.task)
-    vocab = cfg.model.vocab_size or task.tokenizer.vocab_size
-    return warm_start_key(cfg, vocab, torch.device("cpu"))
+    return warm_start_key(cfg, _vocab(cfg), torch.device("cpu"))
 
 
-def _install_base(cfg: ExperimentConfig) -> dict:
+def _install_base(cfg: ExperimentConfig) -> None:
     """Put the committed base into the warm-start cache as this config's base."""
     from trainer.model import TransformerLM
     from trainer.run.warmstart import cache_dir
-    from trainer.tasks import make_task
 
     saved = torch.load(BASE, map_location="cpu", weights_only=True)
     if saved["content_hash"] != cfg.hash("model", "task", "warm_start"):
         pytest.fail(f"{BASE} is another config's base: write it again (module docstring)")
-    vocab = cfg.model.vocab_size or make_task(cfg.task).tokenizer.vocab_size
-    shapes = {k: v.shape for k, v in TransformerLM(cfg.model, vocab).state_dict().items()}
+    shapes = {k: v.shape for k, v in TransformerLM(cfg.model, _vocab(cfg)).state_dict().items()}
     if shapes != {k: v.shape for k, v in saved["state_dict"].items()}:
         pytest.fail(
             f"{BASE} no longer fits the model's parameters: write it again (module docstring)"
@@ -84,7 +88,6 @@ def _install_base(cfg: ExperimentConfig) -> dict:
     }
     cache_dir().mkdir(parents=True, exist_ok=True)
     torch.save(blob, cache_dir() / f"{_base_key(cfg)}.pt")
-    return saved
 
 
 @pytest.mark.slow
@@ -103,16 +106,14 @@ def test_grpo_raises_held_out_accuracy(tmp_path, monkeypatch):
 
 
 def write_base() -> None:
-    """Train (or take from this machine's warm-start cache) the config's base and
-    keep it as fp16 in ``BASE``."""
+    """Train (or take from this machine's warm-start cache) the config's base on
+    ``BASE_THREADS`` threads, as the committed one was, and keep it as fp16 in ``BASE``."""
     from trainer.run.warmstart import train_base_policy
     from trainer.tasks import make_task
 
     cfg = _config()
-    task = make_task(cfg.task)
-    vocab = cfg.model.vocab_size or task.tokenizer.vocab_size
-    torch.set_num_threads(cfg.run.threads)
-    base = train_base_policy(cfg, task, vocab, torch.device("cpu"))
+    torch.set_num_threads(BASE_THREADS)
+    base = train_base_policy(cfg, make_task(cfg.task), _vocab(cfg), torch.device("cpu"))
     torch.save(
         {
             "content_hash": cfg.hash("model", "task", "warm_start"),
