@@ -13,7 +13,7 @@ from django.test import Client
 from lab_processes import submit_tiny_run
 
 from lab.experiments.models import Experiment
-from lab.inputs.json_input import json_depth
+from lab.inputs.json_input import JSONTooDeep, json_depth, loads, value_depth
 from lab.runs.models import Comment, Run
 
 
@@ -165,6 +165,19 @@ def test_depth_ignores_brackets_inside_strings():
     assert json_depth('{"a": "[[[[{{{{", "b": [1, {"c": []}]}') == 4
     assert json_depth('"\\"[[["') == 0
     assert json_depth("[" * 40) == 40
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": "[[[[{{{{", "b": [1, {"c": []}]}', "[]", "{}", "7", '[[1], {"a": [[]]}]']
+)
+def test_a_parsed_values_depth_is_its_texts(text):
+    assert value_depth(json.loads(text)) == json_depth(text)
+
+
+@pytest.mark.parametrize("text", ["[" * 40, "[" * 40 + "]" * 40, "[" * 5000 + "]" * 5000])
+def test_too_deep_is_named_valid_or_not(text):
+    with pytest.raises(JSONTooDeep, match=r"nested \d+ levels deep"):
+        loads(text)
 
 
 # --------------------------------------------------------------------------- ids and numbers

@@ -113,6 +113,43 @@ def test_a_retried_batch_stores_nothing_twice(ml, exp_id):
     assert MetricStep.objects.get(run_id=int(run_id), step=3).values["k0"] == 5.0
 
 
+def test_the_latest_value_is_mlflows_over_batches_and_out_of_order_points(ml, exp_id):
+    """runs/get's metrics: per name the point with the largest (step, timestamp, value),
+    a later point winning a tie, whatever order the points came in (worked by hand)."""
+    run_id = ml.run(exp_id)
+    ml.ok(
+        "POST",
+        "runs/log-batch",
+        {
+            "run_id": run_id,
+            "metrics": [
+                _metric("loss", 1.0, 3, ts=10),
+                _metric("loss", 2.0, 5, ts=5),  # step 5 beats step 3
+                _metric("loss", 1.5, 5, ts=5),  # same step and time, smaller value: not later
+                _metric("loss", 9.0, 4, ts=99),  # an earlier step, however late its clock
+                _metric("acc", 0.1, 1, ts=7),
+                _metric("acc", 0.3, 1, ts=8),  # same step, later clock
+            ],
+        },
+    )
+    ml.ok(
+        "POST",
+        "runs/log-batch",
+        {
+            "run_id": run_id,
+            "metrics": [
+                _metric("acc", 0.9, 0, ts=50),  # an earlier step than the stored one: kept as is
+                _metric("loss", 2.5, 5, ts=5),  # same step and time, larger value: later
+            ],
+        },
+    )
+    got = ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["data"]["metrics"]
+    assert sorted((m["key"], m["value"], m["timestamp"], m["step"]) for m in got) == [
+        ("acc", 0.3, 8, 1),
+        ("loss", 2.5, 5, 5),
+    ]
+
+
 def test_non_finite_values_are_gaps(ml, exp_id):
     run_id = ml.run(exp_id)
     ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [

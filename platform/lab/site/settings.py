@@ -165,8 +165,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web server, worker and reconciler share one file: WAL lets readers run
     # beside the writer, IMMEDIATE transactions take the write lock up front
     # (no "database is locked" on a read->write upgrade), and a busy timeout
-    # waits for the lock instead of failing.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # waits for the lock instead of failing. Connections are kept as on
+    # PostgreSQL (CONN_MAX_AGE above): opening one runs the PRAGMAs and registers
+    # Django's SQL functions, 2-4 ms that a 1,000-point MLflow batch would pay on
+    # every request (docs/benchmarks-archive.md, "MLflow ingestion"); an idle
+    # connection in autocommit holds no snapshot, so WAL checkpoints still finish.
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 30,
         "transaction_mode": "IMMEDIATE",

@@ -50,24 +50,44 @@ def store_points(
         lab_step = metric_map.lab_step_function(framework, run.source)
     # One value per (step, stored key): the later timestamp wins, then the later point.
     chosen: dict[tuple[int, str], Point] = {}
+    # Per name as logged, this batch's MLflow-latest point (see _later), compared with
+    # the stored one once per name below rather than once per point.
+    newest: dict[str, Point] = {}
     stored_keys: dict[str, str] = {}
+    own_step = lab_step is metric_map.same_step
     for p in points:
-        stored_key = stored_keys.get(p.key)
+        key = p.key
+        stored_key = stored_keys.get(key)
         if stored_key is None:
-            stored_key = stored_keys[p.key] = metric_map.lab_key(p.key, framework)
-            if stored_key != p.key:
-                tracked.stored_as[p.key] = stored_key
-        slot_key = (lab_step(p.key, p.step), stored_key)
-        if slot_key not in chosen or p.timestamp >= chosen[slot_key].timestamp:
+            stored_key = stored_keys[key] = metric_map.lab_key(key, framework)
+            if stored_key != key:
+                tracked.stored_as[key] = stored_key
+        slot_key = (p.step if own_step else lab_step(key, p.step), stored_key)
+        before = chosen.get(slot_key)
+        if before is None or p.timestamp >= before.timestamp:
             chosen[slot_key] = p
-        latest = tracked.latest_metrics.get(p.key)
+        top = newest.get(key)
+        if top is None or p.step > top.step or (p.step == top.step and _at_least(p, top)):
+            newest[key] = p
+    for key, p in newest.items():
+        latest = tracked.latest_metrics.get(key)
         if latest is None or _later(p, latest):
-            tracked.latest_metrics[p.key] = [p.value, p.timestamp, p.step]
+            tracked.latest_metrics[key] = [p.value, p.timestamp, p.step]
     by_step: dict[int, dict[str, Any]] = {}
     for (step, key), p in chosen.items():  # step: the lab's
         by_step.setdefault(step, {})[key] = p.value
     merge_into_steps(run, by_step)
     return len(chosen)
+
+
+def _at_least(p: Point, q: Point) -> bool:
+    """``p`` ranks at least as late as ``q`` in MLflow's (step, timestamp, value) order,
+    a non-finite value ranking as 0 (the later point wins a tie, as below)."""
+    return (p.step, p.timestamp, 0.0 if p.value is None else p.value) >= (
+        q.step,
+        q.timestamp,
+        0.0 if q.value is None else q.value,
+    )
 
 
 def _later(p: Point, latest: list) -> bool:
