@@ -141,6 +141,15 @@ def _has_children(pid: int) -> bool:
         return False
 
 
+def _answer(body: bytes) -> dict:
+    """An error's JSON body, or its text where the server answered otherwise (a proxy's
+    or a crashed worker's page), so a failed assertion shows what came back."""
+    try:
+        return _json.loads(body or b"{}")
+    except ValueError:
+        return {"non_json_body": body[:2000].decode("utf-8", "replace")}
+
+
 class LabStack:
     """A real platform: migrated DB, web server, Celery workers, on a real broker.
 
@@ -282,7 +291,7 @@ class LabStack:
                 body = resp.read()
                 return resp.status, _json.loads(body) if body else {}
         except urllib.error.HTTPError as exc:
-            return exc.code, _json.loads(exc.read() or b"{}")
+            return exc.code, _answer(exc.read())
 
     def get(self, path: str) -> dict:
         code, body = self.request("GET", path)
