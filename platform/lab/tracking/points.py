@@ -80,22 +80,20 @@ def store_points(
     return len(chosen)
 
 
+def _rank(step: int, timestamp: int, value: float | None) -> tuple[int, int, float]:
+    """MLflow's order of a run's latest value: (step, timestamp, value), as its SQL store
+    keeps latest_metrics; a non-finite value (None here) ranks as 0."""
+    return step, timestamp, 0.0 if value is None else value
+
+
 def _at_least(p: Point, q: Point) -> bool:
-    """``p`` ranks at least as late as ``q`` in MLflow's (step, timestamp, value) order,
-    a non-finite value ranking as 0 (the later point wins a tie, as below)."""
-    return (p.step, p.timestamp, 0.0 if p.value is None else p.value) >= (
-        q.step,
-        q.timestamp,
-        0.0 if q.value is None else q.value,
-    )
+    """``p`` ranks at least as late as ``q`` (the later point wins a tie)."""
+    return _rank(p.step, p.timestamp, p.value) >= _rank(q.step, q.timestamp, q.value)
 
 
 def _later(p: Point, latest: list) -> bool:
-    """Whether ``p`` is MLflow's latest value over ``latest`` ([value, timestamp, step]):
-    the larger (step, timestamp, value), as MLflow's SQL store keeps latest_metrics."""
-    value = 0.0 if p.value is None else p.value
-    before = 0.0 if latest[0] is None else latest[0]
-    return (p.step, p.timestamp, value) >= (latest[2], latest[1], before)
+    """Whether ``p`` is the latest value over ``latest`` ([value, timestamp, step])."""
+    return _rank(p.step, p.timestamp, p.value) >= _rank(latest[2], latest[1], latest[0])
 
 
 def merge_into_steps(run: Run, by_step: dict[int, dict[str, Any]]) -> None:
