@@ -18,19 +18,11 @@ LAB_UPDATE_DOCS_SCREENSHOTS=1 the representative ones are also copied into
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_harness import (
-    CHROMIUM,
-    PATIENCE,
-    BrowserGuard,
-    ceiling_ms,
-    ceiling_s,
-    launch_chromium,
-)
+from browser_harness import CHROMIUM, PATIENCE, BrowserGuard, ceiling_ms, launch_chromium
 from PIL import Image
 from playwright.sync_api import expect
 
@@ -71,28 +63,13 @@ def guard(chromium) -> Iterator[BrowserGuard]:
 @pytest.fixture(scope="session", autouse=True)
 def flush_waits_for_the_live_server():
     """The flush that ends a ``transactional_db`` test retries while the live server
-    still reads. Its in-memory SQLite shares one cache between threads, where a write
-    that meets a read answers "database table is locked" at once instead of waiting
-    (as ``live_db.update_while_polled`` does for the tests' own writes): a page's
-    last poll, still in flight when the test ends, failed the flush, and the next
-    test found the last one's rows."""
-    from django.core.management.base import CommandError
-    from django.db import OperationalError
+    still reads (``live_db.retry_while_locked``): a page's last poll, still in flight
+    when the test ends, failed the flush, and the next test found the last one's rows."""
     from django.test import TransactionTestCase
+    from live_db import retry_while_locked
 
     flush = TransactionTestCase._fixture_teardown
-
-    def patient_flush(self):
-        deadline = time.monotonic() + ceiling_s(30)
-        while True:
-            try:
-                return flush(self)
-            except (CommandError, OperationalError) as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    TransactionTestCase._fixture_teardown = patient_flush
+    TransactionTestCase._fixture_teardown = lambda self: retry_while_locked(lambda: flush(self))
     yield
     TransactionTestCase._fixture_teardown = flush
 
