@@ -239,7 +239,7 @@ class LabStack:
 
         SQLite has one write lock per file and no server to take it back: a
         process stopped inside a write transaction stalls every other process
-        until it resumes (docs/operations.md). The fault these tests inject is a
+        until it resumes (docs/platform.md). The fault these tests inject is a
         frozen worker, not a frozen database, so on SQLite the stop is retried
         until a probe can take the lock. PostgreSQL needs no probe: its server
         ends a transaction left idle (``idle_in_transaction_session_timeout``).
