@@ -2,11 +2,8 @@
 # runs the product; `make test` runs every test except those marked gpu.
 PY ?= python3
 # pytest-xdist workers for `make test` (tests are independent: each end-to-end
-# stack has its own database, run folders and queue name). Up to 4 cores, one
-# more worker than cores: with one worker per core the suite left 37% of the
-# CPU idle, waiting on the processes it starts (web servers, workers, trainer
-# ranks); `make test TEST_WORKERS=2` sets it.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); if [ $$n -le 4 ]; then echo $$((n + 1)); else echo auto; fi)
+# stack has its own database, run folders and queue name).
+TEST_WORKERS ?= auto
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
