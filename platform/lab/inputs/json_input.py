@@ -4,12 +4,12 @@ Python's JSON decoder recurses once per nesting level, so a 2 KB body of
 ``[[[[...`` ends in ``RecursionError`` (a 500) and every recursive walk after
 it is at risk too. The depth is counted iteratively (of the parsed value, or of
 the raw text when parsing fails) and anything deeper than ``MAX_JSON_DEPTH`` is
-refused as bad input; configs nest
-4 levels, sweep grids 3. ``Infinity``/``NaN`` literals are refused too (they
-are not JSON; ``1e400`` parses to inf and the config schema refuses it with
-its field path). The REST API's parser (``lab.api.json_parser``) also refuses
-text no database column may hold; the pages (dashboard.web) and the tracking
-API (``lab.tracking.payload``) read their JSON with ``loads``.
+refused as bad input; configs nest 4 levels, sweep grids 3. ``Infinity``/``NaN``
+literals are refused too (they are not JSON; ``1e400`` parses to inf and the
+config schema refuses it with its field path). The REST API's parser
+(``lab.api.json_parser``) also refuses text no database column may hold; the
+pages (dashboard.web) and the tracking API (``lab.tracking.payload``) read their
+JSON with ``loads``.
 """
 
 from __future__ import annotations
