@@ -236,14 +236,8 @@ def lab_step_function(framework: str, source: dict) -> Callable[[str, int], int]
         return slime_step
     shifts = STEP_SHIFT.get(framework, ())
     if not shifts:
-        return same_step
+        return lambda name, step: step
     return lambda name, step: step + step_shift(framework, name)
-
-
-def same_step(name: str, step: int) -> int:
-    """Every point at its own step (most frameworks): ``lab_step_function``'s answer,
-    which a caller may recognise by identity to skip the call per point."""
-    return step
 
 
 EXPERT_LOAD_SCALAR = re.compile(r"^experts/load/L(\d{1,4})/e(\d{1,5})$")

@@ -54,7 +54,6 @@ def store_points(
     # the stored one once per name below rather than once per point.
     newest: dict[str, Point] = {}
     stored_keys: dict[str, str] = {}
-    own_step = lab_step is metric_map.same_step
     for p in points:
         key = p.key
         stored_key = stored_keys.get(key)
@@ -62,12 +61,12 @@ def store_points(
             stored_key = stored_keys[key] = metric_map.lab_key(key, framework)
             if stored_key != key:
                 tracked.stored_as[key] = stored_key
-        slot_key = (p.step if own_step else lab_step(key, p.step), stored_key)
+        slot_key = (lab_step(key, p.step), stored_key)
         before = chosen.get(slot_key)
         if before is None or p.timestamp >= before.timestamp:
             chosen[slot_key] = p
         top = newest.get(key)
-        if top is None or p.step > top.step or (p.step == top.step and _at_least(p, top)):
+        if top is None or _at_least(p, top):
             newest[key] = p
     for key, p in newest.items():
         latest = tracked.latest_metrics.get(key)

@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from lab.experiments.rights import can_queue
 from lab.runs.metrics.columns import chunk_of
-from lab.runs.metrics.seal import seal_metrics, unseal_from
+from lab.runs.metrics.seal import lock_run, seal_metrics, unseal_from
 from lab.runs.models import FINAL_STATUSES, MetricStep, Run, RunOrigin, RunStatus
 from lab.tracking import metric_map
 from lab.tracking.errors import PERMISSION_DENIED, MlflowError, invalid, missing
@@ -395,13 +395,10 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
     the rights check: its owner or staff write to it; a deleted run takes no writes
     but its restore (MLflow: "must be in the 'active' state")."""
     pk = parse_id(run_id, "run_id")
-    # One query reads both rows and locks them (PostgreSQL: FOR UPDATE of both; SQLite's
-    # IMMEDIATE transaction already serialises writers): the run's row is the metric
-    # store's lock (runs.metrics.seal.lock_run), so what is read here is what no other
-    # writer changes meanwhile. Not the experiment: its base config is a whole resolved
-    # config to decode per batch.
-    tracked = TrackedRun.objects.select_for_update().select_related("run").filter(run_id=pk).first()
-    run = tracked.run if tracked is not None else None
+    lock_run(pk)  # first: what is read next is what no other writer changes meanwhile
+    # not the experiment: its base config is a whole resolved config to decode per batch
+    run = Run.all_objects.filter(pk=pk).first()
+    tracked = TrackedRun.objects.filter(run_id=pk).first() if run is not None else None
     if run is None or tracked is None or run.origin != RunOrigin.EXTERNAL:
         raise missing(f"Run '{run_id}' not found")
     if not run.can_manage(user):
