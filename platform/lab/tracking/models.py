@@ -111,24 +111,23 @@ class MetricPoint(models.Model):
     name as logged, step, its own timestamp, value. Two points at one step are two
     rows; the same point sent twice (a retried batch) is one (the unique key).
 
-    The unique key's index, (run, key, timestamp, step, value, ...), is also the one
+    The primary key, (run, key, timestamp, step, value, nonfinite), is also the index
     history reads in MLflow's order: ``WHERE run = ? AND key = ? ORDER BY timestamp,
     step, value`` (mlflow/store/tracking/sqlalchemy_store.py, get_metric_history)."""
 
+    # MLflow's own primary key for its metrics table, led by the run so that one
+    # index serves both the dedupe of a retried batch and the history read. No
+    # surrogate id: on SQLite the table is WITHOUT ROWID (migration 0004), one
+    # B-tree holding the rows in key order instead of a rowid table plus a unique
+    # index repeating every column; on PostgreSQL one index instead of two
+    # (docs/benchmarks-archive.md, "MLflow ingestion").
+    pk = models.CompositePrimaryKey("run", "key", "timestamp", "step", "value", "nonfinite")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=250)
     step = models.BigIntegerField()
     timestamp = models.BigIntegerField(help_text="ms since the epoch")
     value = models.FloatField(help_text="0 when the value is not finite (see nonfinite)")
     nonfinite = models.SmallIntegerField(choices=NonFinite.choices, default=NonFinite.FINITE)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["run", "key", "timestamp", "step", "value", "nonfinite"],
-                name="metric_point_unique",
-            )
-        ]
 
     def __str__(self) -> str:
         return f"run {self.run_id} {self.key} step {self.step}"

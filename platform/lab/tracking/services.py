@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from lab.experiments.rights import can_queue
 from lab.runs.metrics.columns import chunk_of
-from lab.runs.metrics.seal import lock_run, seal_metrics, unseal_from
+from lab.runs.metrics.seal import lock_run_record, seal_metrics, unseal_from
 from lab.runs.models import FINAL_STATUSES, MetricStep, Run, RunOrigin, RunStatus
 from lab.tracking import metric_map
 from lab.tracking.errors import PERMISSION_DENIED, MlflowError, invalid, missing
@@ -261,11 +261,22 @@ def log_batch(
             if _known(tracked.tags.get(FRAMEWORK_TAG)):
                 run.source = {**run.source, "framework": tracked.tags[FRAMEWORK_TAG]}
             _group(run, tracked)
+        model_before = dict(run.config.get("model") or {})
         stored = store_points(run, tracked, list(metrics), lab_step) if metrics else 0
-        run.save(
-            update_fields=["config", "source", "current_step", "total_steps", "variant", "seed"]
+        # Only what this batch can have changed: a run's config holds every param it
+        # logged (hundreds for a transformers run), not to be encoded and rewritten by
+        # every batch of points.
+        changed = {"source"}
+        if params or run.config.get("model") != model_before:
+            changed.add("config")
+        if metrics:
+            changed |= {"current_step", "total_steps"}
+        if tags:
+            changed |= {"variant", "seed"}
+        run.save(update_fields=sorted(changed))
+        tracked.save(
+            update_fields=["latest_metrics", "stored_as", *(["tags", "parent"] if tags else [])]
         )
-        tracked.save(update_fields=["tags", "parent", "latest_metrics", "stored_as"])
         sealed_before = run.metric_chunks_sealed
     last = max(
         (p.step if lab_step is None else lab_step(p.key, p.step)) for p in metrics or [_NO_POINT]
@@ -395,9 +406,9 @@ def _locked_for_write(user, run_id: Any, *, deleted_ok: bool = False) -> tuple[R
     the rights check: its owner or staff write to it; a deleted run takes no writes
     but its restore (MLflow: "must be in the 'active' state")."""
     pk = parse_id(run_id, "run_id")
-    lock_run(pk)  # first: what is read next is what no other writer changes meanwhile
-    # not the experiment: its base config is a whole resolved config to decode per batch
-    run = Run.all_objects.filter(pk=pk).first()
+    # Read under the lock: what is read is what no other writer changes meanwhile.
+    # Not the experiment: its base config is a whole resolved config to decode per batch.
+    run = lock_run_record(pk)
     tracked = TrackedRun.objects.filter(run_id=pk).first() if run is not None else None
     if run is None or tracked is None or run.origin != RunOrigin.EXTERNAL:
         raise missing(f"Run '{run_id}' not found")

@@ -97,13 +97,20 @@ def lock_run(run_id: int) -> tuple[str | None, int]:
     flight: either the write commits first and the sealing reads it, or the
     sealing commits first and the write sees the chunks it must unseal.
     """
-    row = (
-        Run.objects.select_for_update()
-        .filter(pk=run_id)
-        .values_list("status", "metric_chunks_sealed")
-        .first()
-    )
+    row = _locking(Run.objects, run_id).values_list("status", "metric_chunks_sealed").first()
     return row if row is not None else (None, 0)
+
+
+def lock_run_record(run_id: int) -> Run | None:
+    """``lock_run``'s lock, taken by reading the whole run, deleted or not (None for no
+    such run): a writer that needs the run's fields reads them under the lock in the
+    same query instead of a second one."""
+    return _locking(Run.all_objects, run_id).first()
+
+
+def _locking(manager, run_id: int):
+    """The one query that locks a run's row (SELECT ... FOR UPDATE on PostgreSQL)."""
+    return manager.select_for_update().filter(pk=run_id)
 
 
 def unseal_from(run_id: int, first: int) -> None:
