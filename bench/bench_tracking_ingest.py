@@ -9,7 +9,7 @@ into ``MetricStep`` under the run's lock, sealing as chunks settle), in
 process, without a socket. Then every batch is posted again (a client
 retrying): nothing new may be stored.
 
-    nice -n 19 .venv/bin/python bench/bench_tracking_ingest.py [--steps 2000] [--keys 100]
+    nice -n 19 .venv/bin/python bench/bench_tracking_ingest.py [--steps 2000] [--keys 100] [--auth basic]
 
 SQLite in a temporary folder unless DATABASE_URL names another database (which
 must exist and is migrated). Wall time and this process's CPU time
@@ -20,6 +20,7 @@ with the load recorded (bench.common.machine_load).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -63,20 +64,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--keys", type=int, default=100, help="scalars per step")
     parser.add_argument("--batch", type=int, default=1000, help="points per request (MLflow: 1000)")
+    parser.add_argument(
+        "--auth",
+        choices=("token", "basic"),
+        default="token",
+        help="the client's credentials: an API token, or a login (HTTP basic) checked by "
+        "the production password hasher",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     load_before = machine_load()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("LAB_VAR_DIR", tmp)
         os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp}/db.sqlite3")
-        results = _run(args.steps, args.keys, args.batch)
+        results = _run(args.steps, args.keys, args.batch, args.auth)
     results["load_before"], results["load_after"] = load_before, machine_load()
     print(json.dumps(results, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 
 
-def _run(steps: int, keys: int, batch: int) -> dict:
+def _run(steps: int, keys: int, batch: int, auth: str = "token") -> dict:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lab.site.settings")
     import django
 
@@ -91,8 +99,12 @@ def _run(steps: int, keys: int, batch: int) -> dict:
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     call_command("migrate", verbosity=0)
-    user = get_user_model().objects.create_user("bench")
-    client = Client(HTTP_AUTHORIZATION=f"Bearer {Token.objects.create(user=user).key}")
+    user = get_user_model().objects.create_user("bench", password="bench-password")
+    if auth == "basic":
+        login = base64.b64encode(b"bench:bench-password").decode()
+        client = Client(HTTP_AUTHORIZATION=f"Basic {login}")
+    else:
+        client = Client(HTTP_AUTHORIZATION=f"Bearer {Token.objects.create(user=user).key}")
 
     def post(route: str, body: dict) -> dict:
         resp = client.post(
@@ -141,6 +153,7 @@ def _run(steps: int, keys: int, batch: int) -> dict:
     assert again == stored and len(stored[0]) == keys
     return {
         "database": settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1],
+        "auth": auth,
         "steps": steps,
         "keys_per_step": keys,
         "points": len(points),
