@@ -192,6 +192,24 @@ def test_expert_load_scalars_become_the_lab_vector(ml, exp_id):
     assert list(steps) == [0] and list(values[0]) == [0.25] * 4
 
 
+def test_a_batch_of_points_leaves_the_logged_params_unwritten(ml, exp_id):
+    """A run's config holds its params (hundreds for a transformers run): a batch with
+    only points does not rewrite it, and the params stay."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run_id = ml.run(exp_id)
+    params = [{"key": f"p{i}", "value": str(i)} for i in range(100)]
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "params": params})
+    with CaptureQueriesContext(connection) as queries:
+        ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": [_metric("loss", 1.0, 3)]})
+    run_updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "runs_run"')]
+    assert run_updates and not any('"config"' in sql for sql in run_updates)
+    run = Run.objects.get(pk=int(run_id))
+    assert run.config["params"] == {f"p{i}": str(i) for i in range(100)}
+    assert (run.current_step, run.total_steps) == (1, 1)
+
+
 def test_the_layers_that_log_no_expert_load_are_the_dense_ones(ml, exp_id, user):
     """A Qwen3-MoE with a dense layer 1 (``mlp_only_layers``) logs the load of layers 0
     and 2: layer 1 is dense, so the layer pickers offer 0 and 2 only; a layer whose
