@@ -73,8 +73,9 @@ class VerifiedLogins:
 
     An entry maps an HMAC-SHA256 of (username, password) under SECRET_KEY to the
     user's id and the stored password hash it was checked against. A hit still
-    reads the user: it counts only while that hash is unchanged and the user is
-    active. A wrong password is never remembered, so it always pays the hasher.
+    reads the user: it counts only while that hash is unchanged (whether the user
+    is active is ``request_user``'s check, on every request). A wrong password is
+    never remembered, so it always pays the hasher.
     """
 
     def __init__(self, ttl_s: float = 300.0, size: int = 1024):
@@ -95,7 +96,6 @@ class VerifiedLogins:
             user = get_user_model().objects.filter(pk=entry[0]).first()
             if (
                 user is not None
-                and user.is_active
                 and hmac.compare_digest(user.password, entry[1])
                 and user.get_username() == username
             ):
@@ -103,15 +103,11 @@ class VerifiedLogins:
         user = authenticate(request, username=username, password=password)
         with self._lock:
             self._entries.pop(digest, None)
-            if user is not None and user.is_active:
+            if user is not None:
                 self._entries[digest] = (user.pk, user.password, now + self.ttl_s)
                 while len(self._entries) > self.size:
                     self._entries.popitem(last=False)
         return user
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
 
 VERIFIED_LOGINS = VerifiedLogins()
